@@ -1,0 +1,1 @@
+"""gossamer: decentralized and communication-efficient training."""
