@@ -1,0 +1,176 @@
+"""Typed run configuration: defaults, YAML files, dotted ``--set`` overrides, validation.
+
+Every error raised here is a :class:`ConfigError` whose message is one line naming the option
+and what is allowed; the CLI prints it and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """Bad configuration: the message names the option and what is allowed."""
+
+
+ALGORITHMS = ("allreduce", "local", "gossip")
+ENGINES = ("sim",)
+DEVICES = ("cpu", "cuda", "auto")
+PARTITIONS = ("iid", "dirichlet")
+LR_SCALINGS = ("none", "linear")
+GRAD_BACKENDS = ("auto", "loop")
+
+
+@dataclass
+class Config:
+    """One training run. Learning-rate keys are in epochs; ``lr`` is the per-worker base rate."""
+
+    # workers and communication
+    workers: int = 16
+    algorithm: str = "allreduce"
+    topology: str = "ring"
+    topology_seed: int | None = None  # None: use `seed`
+    local_steps: int = 1  # H: local steps between averages (`local`)
+    engine: str = "sim"
+    device: str = "cpu"
+    grad_backend: str = "auto"
+    # optimisation
+    epochs: int = 30
+    batch_size: int = 16  # per worker
+    lr: float = 0.05
+    lr_scaling: str = "none"  # "linear": peak lr = lr * workers
+    warmup_epochs: float = 0.0
+    milestones: list[float] = field(default_factory=list)  # epochs of lr *= lr_decay
+    lr_decay: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = True
+    weight_decay: float = 0.0
+    decay_norm_and_bias: bool = False  # False: no weight decay on biases and norm layers
+    # data and model
+    dataset: str = "mnist1d"
+    num_samples: int = 5000
+    partition: str = "iid"
+    dirichlet_alpha: float = 0.5
+    model: str = "cnn1d"
+    seed: int = 0
+    eval_every: int = 1  # epochs
+
+    def validate(self) -> Config:
+        _positive_int(self, "workers", "epochs", "batch_size", "local_steps", "eval_every", "num_samples")
+        _choice(self, "algorithm", ALGORITHMS)
+        _choice(self, "engine", ENGINES)
+        _choice(self, "device", DEVICES)
+        _choice(self, "partition", PARTITIONS)
+        _choice(self, "lr_scaling", LR_SCALINGS)
+        _choice(self, "grad_backend", GRAD_BACKENDS)
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("nesterov: true needs momentum > 0")
+        for name in ("weight_decay", "warmup_epochs"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.lr_decay <= 1:
+            raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
+        if any(not 0 < m < self.epochs for m in self.milestones) or self.milestones != sorted(self.milestones):
+            raise ConfigError(f"milestones must be increasing epochs in (0, epochs={self.epochs}), got {self.milestones}")
+        if not self.dirichlet_alpha > 0:
+            raise ConfigError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _positive_int(cfg: Config, *names: str) -> None:
+    for name in names:
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {getattr(cfg, name)}")
+
+
+def _choice(cfg: Config, name: str, allowed: tuple[str, ...]) -> None:
+    if getattr(cfg, name) not in allowed:
+        raise ConfigError(f"unknown {name} '{getattr(cfg, name)}'; choose one of: {', '.join(allowed)}")
+
+
+def _coerce(name: str, value: Any, annotation: str) -> Any:
+    """Check a value against the field's type (from its annotation string) and convert ints to floats."""
+    if "list" in annotation:
+        if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{name} must be a list of numbers, got {value!r}")
+        return [float(v) for v in value]
+    if value is None and "None" in annotation:
+        return None
+    if annotation.startswith("bool"):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name} must be true or false, got {value!r}")
+        return value
+    if annotation.startswith("int"):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be an integer, got {value!r}")
+        return value
+    if annotation.startswith("float"):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(f"{name} must be a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    """Build and validate a Config; unknown keys are refused with the list of known ones."""
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(fields)}")
+    kwargs = {k: _coerce(k, v, str(fields[k].type)) for k, v in values.items()}
+    return Config(**kwargs).validate()
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE parsed as YAML (so ``lr=0.1`` is a float, ``milestones=[10,20]`` a list)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set expects KEY=VALUE, got '{text}'")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key.strip(), value
+
+
+def set_dotted(values: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``a.b.c`` in a nested dict, creating sections as needed."""
+    *parents, leaf = key.split(".")
+    node = values
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"--set {key}: '{part}' is not a section")
+    node[leaf] = value
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Defaults, then the YAML file (if any), then each ``KEY=VALUE`` override in order."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"config file '{path}' does not exist") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+        values = loaded or {}
+    for text in overrides:
+        set_dotted(values, *parse_override(text))
+    return from_dict(values)

@@ -1,0 +1,45 @@
+"""What every engine shares: the gossip combine and the communication accounting."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+BYTES_PER_VALUE = 4  # float32 on the wire
+
+
+def mix_rows(source: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Neighbour-slot gossip combine: out_i = sum_k weight[k, i] * source[index[k, i]].
+
+    ``index`` [K, m] addresses rows of ``source``; ``weight`` is [K, m, 1]. Slot 0 is the worker
+    itself. The sim engine passes all rows as ``source``; the dist engine its own rows followed
+    by the rows received from neighbours, with ``index`` remapped to that order.
+    """
+    out = source[index[0]] * weight[0]
+    for k in range(1, index.shape[0]):
+        out.addcmul_(source[index[k]], weight[k])
+    return out
+
+
+@dataclass
+class CommStats:
+    """Communication a real network would carry, per worker (means over workers).
+
+    An all-reduce of d values is counted as a ring all-reduce: 2·d·(n−1)/n values sent per
+    worker in one round. A gossip round sends d values to each peer that uses the worker's model.
+    """
+
+    rounds: int = 0
+    messages_per_worker: float = 0.0
+    bytes_per_worker: float = 0.0
+
+    def allreduce(self, d: int, n: int) -> None:
+        self.rounds += 1
+        self.messages_per_worker += 2 * (n - 1) if n > 1 else 0
+        self.bytes_per_worker += 2 * d * (n - 1) / n * BYTES_PER_VALUE
+
+    def gossip(self, d: int, peers_per_worker: float) -> None:
+        self.rounds += 1
+        self.messages_per_worker += peers_per_worker
+        self.bytes_per_worker += peers_per_worker * d * BYTES_PER_VALUE

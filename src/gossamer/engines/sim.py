@@ -1,0 +1,53 @@
+"""The simulator: all n workers' rows in one process; communication operators are tensor ops."""
+
+from __future__ import annotations
+
+import torch
+
+from ..topology import Mixing
+from .comm import CommStats, mix_rows
+
+
+class SimEngine:
+    """n workers in one process. ``rows`` are the global indices of the rows held here (all)."""
+
+    def __init__(self, n: int, device: torch.device | str = "cpu"):
+        self.n = n
+        self.rows = range(n)
+        self.device = torch.device(device)
+        self.comm = CommStats()
+        self._mixing_cache: dict[int, tuple[torch.Tensor, ...]] = {}
+
+    def allreduce_mean_(self, X: torch.Tensor) -> None:
+        """Exact average: every row becomes mean_i X_i (in place)."""
+        X.copy_(X.mean(0, keepdim=True).expand_as(X))
+        self.comm.allreduce(X.shape[1], self.n)
+
+    def gossip_(self, X: torch.Tensor, mixing: Mixing) -> None:
+        """One gossip round X ← W X (in place), W the mixing matrix of this step."""
+        index, weight, dense = self._tensors(mixing)
+        X.copy_(dense @ X if dense is not None else mix_rows(X, index, weight))
+        self.comm.gossip(X.shape[1], mixing.messages_per_worker())
+
+    def _tensors(self, mixing: Mixing) -> tuple[torch.Tensor, ...]:
+        key = id(mixing)
+        if key not in self._mixing_cache:
+            index = torch.as_tensor(mixing.index, device=self.device)
+            weight = torch.as_tensor(mixing.weight, dtype=torch.float32, device=self.device).unsqueeze(-1)
+            # a dense product beats K gathers once a worker has neighbours in about half the graph
+            dense = (torch.as_tensor(mixing.dense(), dtype=torch.float32, device=self.device)
+                     if 2 * index.shape[0] > self.n else None)
+            self._mixing_cache[key] = (index, weight, dense, mixing)  # keep mixing alive: its id is the key
+        return self._mixing_cache[key][:3]
+
+    def mean_row(self, X: torch.Tensor) -> torch.Tensor:
+        """x̄ = (1/n) Σ_i x_i, without changing X."""
+        return X.mean(0)
+
+    def consensus_distance_sq(self, X: torch.Tensor) -> float:
+        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖²."""
+        return (X - X.mean(0, keepdim=True)).square().sum(1).mean().item()
+
+    def mean_scalar(self, values: torch.Tensor) -> float:
+        """Mean over all workers of a per-worker scalar [m]."""
+        return values.mean().item()

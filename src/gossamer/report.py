@@ -1,0 +1,70 @@
+"""Run directories and reports: config.yaml, metrics.jsonl, summary.json, checkpoint.pt, tables."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+import yaml
+
+from .config import Config, ConfigError
+
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt")
+
+
+class RunDir:
+    """A run's output folder. A non-empty existing folder is refused unless ``overwrite``, which
+    removes only the files a run writes (anything else the user keeps there stays)."""
+
+    def __init__(self, path: str | Path, overwrite: bool = False):
+        self.path = Path(path)
+        if self.path.exists() and not self.path.is_dir():
+            raise ConfigError(f"--out '{self.path}' exists and is not a directory")
+        if self.path.is_dir() and any(self.path.iterdir()) and not overwrite:
+            raise ConfigError(f"--out '{self.path}' is not empty; pass --overwrite to replace its run")
+        self.path.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        self._metrics = open(self.path / "metrics.jsonl", "w")
+
+    def write_config(self, cfg: Config) -> None:
+        (self.path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+
+    def row(self, row: dict) -> None:
+        self._metrics.write(json.dumps(row) + "\n")
+
+    def checkpoint(self, state: dict) -> None:
+        """Write atomically, so a crash mid-write keeps the previous good checkpoint."""
+        tmp = self.path / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.path / "checkpoint.pt")
+
+    def write_summary(self, summary: dict) -> None:
+        (self.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def close(self) -> None:
+        self._metrics.close()
+
+
+def read_summary(path: str | Path) -> dict:
+    file = Path(path) / "summary.json"
+    if not file.exists():
+        raise ConfigError(f"'{path}' holds no summary.json (not a finished gossamer run)")
+    return json.loads(file.read_text())
+
+
+COLUMNS = [("run", "{}"), ("test acc", "{:.4f}"), ("local acc", "{:.4f}"), ("final Ξ²", "{:.3e}"),
+           ("comm rounds", "{:d}"), ("MB/worker", "{:.2f}")]
+
+
+def comparison_table(runs: dict[str, dict]) -> str:
+    """A Markdown table of named run summaries: accuracy, final Ξ², communication."""
+    lines = ["| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for name, s in runs.items():
+        values = [name, s["test_accuracy"], s["test_accuracy_local_mean"], s["final_consensus_distance_sq"],
+                  s["comm_rounds"], s["bytes_per_worker"] / 1e6]
+        lines.append("| " + " | ".join(f.format(v) for (_, f), v in zip(COLUMNS, values)) + " |")
+    return "\n".join(lines)

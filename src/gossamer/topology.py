@@ -1,0 +1,436 @@
+"""Gossip mixing matrices W_t (doubly stochastic, n x n), static and time-varying.
+
+A gossip round maps worker models X (one row per worker) to W_t X:
+    x_i <- sum_j W_t[i, j] x_j,
+where W_t[i, j] is the weight worker i gives to worker j's model. Every W_t is
+nonnegative with rows and columns summing to 1, so the average x_bar is preserved.
+
+Spectral analysis (Kong et al. 2021, section B of papers.md): with J = 11^T/n and
+period P, the spectral gap is
+
+    rho = 1 - || W_{P-1} ... W_0 - J ||_2 ^ (1/P),
+
+which for a static symmetric W is 1 - max(|lambda_2|, |lambda_n|). The mixing
+quality is p = 1 - (1 - rho)^2, and the slowest mode halves in
+ln 2 / (-ln(1 - rho)) rounds.
+
+Pure numpy + networkx; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+__all__ = [
+    "TopologyError",
+    "Mixing",
+    "Topology",
+    "build_topology",
+    "TOPOLOGY_NAMES",
+    "spectral_gap",
+    "analyse",
+]
+
+_TOL = 1e-12
+_MAX_TRIES = 100
+
+
+class TopologyError(ValueError):
+    """Bad topology spec; str(e) is one clear line naming the option and what is allowed."""
+
+
+TOPOLOGY_NAMES: tuple[str, ...] = (
+    "complete",
+    "ring",
+    "torus",
+    "exponential",
+    "one-peer-exponential",
+    "random-regular",
+    "erdos-renyi",
+    "edges",
+)
+
+# How each base name is written in a spec (for error messages and docs).
+_SPEC_FORMS = (
+    "complete",
+    "ring",
+    "torus",
+    "exponential",
+    "one-peer-exponential",
+    "random-regular[:D]",
+    "erdos-renyi[:Q]",
+    "edges:FILE",
+)
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True, eq=False)
+class Mixing:
+    """One gossip matrix W in neighbour-slot form:
+
+        (W X)_i = sum_k weight[k, i] * X[index[k, i]],
+
+    with index int64 [K, n] and weight float64 [K, n]. Slot 0 is the worker itself
+    (index[0, i] == i). Unused slots point at i with weight 0; duplicate slots add up.
+    """
+
+    index: np.ndarray  # int64 [K, n]
+    weight: np.ndarray  # float64 [K, n]
+
+    def __post_init__(self) -> None:
+        index = np.array(self.index, dtype=np.int64)
+        weight = np.array(self.weight, dtype=np.float64)
+        if index.ndim != 2 or index.shape != weight.shape or index.shape[0] < 1:
+            raise TopologyError(
+                f"mixing index/weight must both be [K, n] with K >= 1; "
+                f"got {index.shape} and {weight.shape}"
+            )
+        n = index.shape[1]
+        if n and (index.min() < 0 or index.max() >= n):
+            raise TopologyError(f"mixing index out of range 0..{n - 1}")
+        index.setflags(write=False)
+        weight.setflags(write=False)
+        object.__setattr__(self, "index", index)
+        object.__setattr__(self, "weight", weight)
+
+    @property
+    def n(self) -> int:
+        return int(self.index.shape[1])
+
+    def dense(self) -> np.ndarray:
+        """W as float64 [n, n]: W[i, index[k, i]] += weight[k, i] (duplicates accumulate)."""
+        K, n = self.index.shape
+        w = np.zeros((n, n), dtype=np.float64)
+        rows = np.broadcast_to(np.arange(n), (K, n))
+        np.add.at(w, (rows, self.index), self.weight)
+        return w
+
+    def messages_per_worker(self) -> float:
+        """Mean over workers j of #{i != j : W[i, j] != 0} (the workers j sends to)."""
+        w = self.dense()
+        nz = w != 0
+        np.fill_diagonal(nz, False)
+        return float(nz.sum(axis=0).mean()) if self.n else 0.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A (possibly time-varying) topology: W_t = mixings[t % period]."""
+
+    name: str
+    n: int
+    mixings: tuple[Mixing, ...]
+
+    @property
+    def period(self) -> int:
+        return len(self.mixings)
+
+    def mixing(self, t: int) -> Mixing:
+        return self.mixings[t % self.period]
+
+    def matrix(self, t: int) -> np.ndarray:
+        return self.mixing(t).dense()
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _identity(n: int) -> Mixing:
+    return Mixing(np.arange(n, dtype=np.int64)[None, :], np.ones((1, n)))
+
+
+def _circulant(n: int, offsets: list[int], weights: list[float]) -> Mixing:
+    """W[i, (i + off_k) % n] += w_k for every slot k (offset 0 first)."""
+    i = np.arange(n, dtype=np.int64)
+    index = np.stack([(i + off) % n for off in offsets])
+    weight = np.stack([np.full(n, w, dtype=np.float64) for w in weights])
+    return Mixing(index, weight)
+
+
+def _complete(n: int) -> Mixing:
+    return _circulant(n, list(range(n)), [1.0 / n] * n)
+
+
+def _ring(n: int) -> Mixing:
+    if n == 1:
+        return _identity(1)
+    return _circulant(n, [0, 1, -1], [1.0 / 3] * 3)
+
+
+def _torus_shape(n: int) -> tuple[int, int] | None:
+    """Most square a * b = n with 3 <= a <= b, or None."""
+    for a in range(math.isqrt(n), 2, -1):
+        if n % a == 0 and n // a >= 3:
+            return a, n // a
+    return None
+
+
+def _torus(n: int) -> Mixing:
+    shape = _torus_shape(n)
+    if shape is None:
+        raise TopologyError(
+            f"topology 'torus' needs n = a·b with a, b >= 3; n = {n} has no such factorisation"
+        )
+    a, b = shape
+    # Worker i sits at (r, c) = divmod(i, b).
+    r, c = np.divmod(np.arange(n, dtype=np.int64), b)
+    slots = [
+        r * b + c,
+        ((r + 1) % a) * b + c,
+        ((r - 1) % a) * b + c,
+        r * b + (c + 1) % b,
+        r * b + (c - 1) % b,
+    ]
+    return Mixing(np.stack(slots), np.full((5, n), 0.2))
+
+
+def _exponential(n: int) -> Mixing:
+    """Static exponential graph: neighbours i ± 2^k (mod n), k = 0..floor(log2(n-1))."""
+    if n == 1:
+        return _identity(1)
+    offsets = set()
+    for k in range((n - 1).bit_length()):  # 2^k <= n - 1
+        h = 1 << k
+        offsets.add(h % n)
+        offsets.add((-h) % n)
+    offsets.discard(0)
+    offs = [0] + sorted(offsets)
+    return _circulant(n, offs, [1.0 / len(offs)] * len(offs))
+
+
+def _one_peer_exponential(n: int) -> tuple[Mixing, ...]:
+    """W_t: x_i <- (x_i + x_{(i + 2^k) mod n}) / 2, k = t mod log2 n."""
+    if n & (n - 1):
+        raise TopologyError(
+            f"topology 'one-peer-exponential' needs n a power of two, got n = {n}"
+        )
+    if n == 1:
+        return (_identity(1),)
+    return tuple(_circulant(n, [0, 1 << k], [0.5, 0.5]) for k in range(n.bit_length() - 1))
+
+
+def _metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
+    """w_ij = 1 / (1 + max(deg_i, deg_j)) on edges, w_ii = 1 - sum_j w_ij.
+
+    Slot form with K = 1 + max degree; missing slots padded with (i, 0).
+    """
+    nbrs = [sorted(int(j) for j in graph.neighbors(i) if j != i) for i in range(n)]
+    deg = [len(x) for x in nbrs]
+    K = 1 + max(deg, default=0)
+    index = np.tile(np.arange(n, dtype=np.int64), (K, 1))
+    weight = np.zeros((K, n), dtype=np.float64)
+    for i in range(n):
+        total = 0.0
+        for k, j in enumerate(nbrs[i], start=1):
+            w = 1.0 / (1 + max(deg[i], deg[j]))
+            index[k, i] = j
+            weight[k, i] = w
+            total += w
+        weight[0, i] = 1.0 - total
+    return Mixing(index, weight)
+
+
+def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
+    name = "random-regular"
+    d = _parse_int(name, arg, default=4, what="degree D")
+    if d < 1:
+        raise TopologyError(f"topology '{name}' needs degree D >= 1, got D = {d}")
+    if d >= n:
+        raise TopologyError(f"topology '{name}' needs degree D < n, got D = {d}, n = {n}")
+    if (n * d) % 2:
+        raise TopologyError(f"topology '{name}' needs n·D even, got n = {n}, D = {d}")
+    for s in range(seed, seed + _MAX_TRIES):
+        g = nx.random_regular_graph(d, n, seed=s)
+        if nx.is_connected(g):
+            return _metropolis_hastings(g, n)
+    raise TopologyError(
+        f"topology '{name}:{d}' gave no connected graph for n = {n} in {_MAX_TRIES} seeds "
+        f"from {seed}; use a larger D"
+    )
+
+
+def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
+    name = "erdos-renyi"
+    if arg is None:
+        q = 0.3
+    else:
+        try:
+            q = float(arg)
+        except ValueError:
+            raise TopologyError(
+                f"topology '{name}' takes an edge probability Q in (0, 1], got '{arg}'"
+            ) from None
+    if not (0.0 < q <= 1.0):
+        raise TopologyError(f"topology '{name}' needs edge probability 0 < Q <= 1, got Q = {q}")
+    for s in range(seed, seed + _MAX_TRIES):
+        g = nx.erdos_renyi_graph(n, q, seed=s)
+        if nx.is_connected(g):
+            return _metropolis_hastings(g, n)
+    raise TopologyError(
+        f"topology '{name}:{q}' gave no connected graph for n = {n} in {_MAX_TRIES} seeds "
+        f"from {seed}; use a larger Q"
+    )
+
+
+def _edges(n: int, path: str | None) -> Mixing:
+    """Undirected edge list: one 'i j' per line; '#' comments and blank lines allowed.
+
+    Self-loops 'i i' are ignored (the self weight is implied); duplicate edges count once.
+    The graph on nodes 0..n-1 must be connected.
+    """
+    name = "edges"
+    if not path:
+        raise TopologyError(f"topology '{name}' needs a file: 'edges:FILE'")
+    if not os.path.isfile(path):
+        raise TopologyError(f"topology '{name}': edge file '{path}' not found")
+    g = nx.Graph()
+    g.add_nodes_from(range(n))
+    with open(path, encoding="utf-8") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            try:
+                if len(parts) != 2:
+                    raise ValueError
+                i, j = int(parts[0]), int(parts[1])
+            except ValueError:
+                raise TopologyError(
+                    f"topology '{name}': {path} line {lineno}: expected two integers 'i j', "
+                    f"got '{raw.strip()}'"
+                ) from None
+            for v in (i, j):
+                if not 0 <= v < n:
+                    raise TopologyError(
+                        f"topology '{name}': {path} line {lineno}: node {v} out of range "
+                        f"0..{n - 1}"
+                    )
+            if i != j:
+                g.add_edge(i, j)
+    if not nx.is_connected(g):
+        k = nx.number_connected_components(g)
+        raise TopologyError(
+            f"topology '{name}': graph in {path} is not connected on n = {n} nodes "
+            f"({k} components)"
+        )
+    return _metropolis_hastings(g, n)
+
+
+def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
+    if arg is None:
+        return default
+    try:
+        return int(arg)
+    except ValueError:
+        raise TopologyError(f"topology '{name}' takes an integer {what}, got '{arg}'") from None
+
+
+def _check_doubly_stochastic(w: np.ndarray, name: str, t: int = 0) -> None:
+    """Raise TopologyError unless W >= 0 and all row and column sums are 1 (tol 1e-12)."""
+    if not np.all(np.isfinite(w)):
+        raise TopologyError(f"topology '{name}': W_{t} has non-finite entries")
+    if (w < -_TOL).any():
+        raise TopologyError(f"topology '{name}': W_{t} has negative entries (min {w.min():g})")
+    rows = np.abs(w.sum(axis=1) - 1).max(initial=0.0)
+    cols = np.abs(w.sum(axis=0) - 1).max(initial=0.0)
+    if rows > _TOL or cols > _TOL:
+        raise TopologyError(
+            f"topology '{name}': W_{t} is not doubly stochastic "
+            f"(max row error {rows:.3g}, column error {cols:.3g})"
+        )
+
+
+def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
+    """Build and validate the topology named by `spec` ('name' or 'name:param') for n workers."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise TopologyError(
+            f"topology spec must be a non-empty string; choose one of: {', '.join(_SPEC_FORMS)}"
+        )
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TopologyError(f"topology '{spec}' needs an integer number of workers n, got {n!r}")
+    n = int(n)
+    if n < 1:
+        raise TopologyError(f"topology '{spec}' needs n >= 1 workers, got n = {n}")
+    base, sep, arg = spec.partition(":")
+    base = base.strip()
+    param: str | None = arg.strip() if sep else None
+    if base not in TOPOLOGY_NAMES:
+        raise TopologyError(
+            f"unknown topology '{base}'; choose one of: {', '.join(_SPEC_FORMS)}"
+        )
+    if param is not None and base in ("complete", "ring", "torus", "exponential",
+                                      "one-peer-exponential"):
+        raise TopologyError(f"topology '{base}' takes no parameter, got '{spec}'")
+    if param == "" and base in ("random-regular", "erdos-renyi"):
+        raise TopologyError(f"topology '{base}' has an empty parameter in '{spec}'")
+
+    mixings: tuple[Mixing, ...]
+    if base == "complete":
+        mixings = (_complete(n),)
+    elif base == "ring":
+        mixings = (_ring(n),)
+    elif base == "torus":
+        mixings = (_torus(n),)
+    elif base == "exponential":
+        mixings = (_exponential(n),)
+    elif base == "one-peer-exponential":
+        mixings = _one_peer_exponential(n)
+    elif base == "random-regular":
+        mixings = (_random_regular(n, param, seed),)
+    elif base == "erdos-renyi":
+        mixings = (_erdos_renyi(n, param, seed),)
+    else:  # edges
+        mixings = (_edges(n, arg if sep else None),)
+
+    for t, m in enumerate(mixings):
+        if m.n != n:
+            raise TopologyError(f"topology '{spec}': W_{t} has {m.n} workers, expected {n}")
+        _check_doubly_stochastic(m.dense(), spec, t)
+    return Topology(name=spec, n=n, mixings=mixings)
+
+
+# --------------------------------------------------------------------------- analysis
+
+
+def spectral_gap(topology: Topology) -> float:
+    """rho = 1 - ||W_{P-1} ... W_0 - J||_2^(1/P), J = 11^T/n, clipped to [0, 1]."""
+    n = topology.n
+    if n == 1:
+        return 1.0
+    prod = np.eye(n)
+    for m in topology.mixings:
+        prod = m.dense() @ prod
+    sigma = float(np.linalg.norm(prod - np.full((n, n), 1.0 / n), 2))
+    rho = 1.0 - sigma ** (1.0 / topology.period)
+    return float(min(1.0, max(0.0, rho)))
+
+
+def analyse(topology: Topology) -> dict:
+    """Summary: spectral gap rho, p = 1 - (1 - rho)^2, rounds to halve the slowest mode
+    ln 2 / (-ln(1 - rho)) (0 if rho = 1, inf if rho = 0), and mean messages per worker
+    per round over one period."""
+    rho = spectral_gap(topology)
+    if rho >= 1.0:
+        halve = 0.0
+    elif rho <= 0.0:
+        halve = float("inf")
+    else:
+        halve = math.log(2.0) / -math.log1p(-rho)
+    msgs = float(np.mean([m.messages_per_worker() for m in topology.mixings]))
+    return {
+        "name": topology.name,
+        "n": topology.n,
+        "spectral_gap": rho,
+        "p": 1.0 - (1.0 - rho) ** 2,
+        "period": topology.period,
+        "rounds_to_halve": halve,
+        "messages_per_worker": msgs,
+    }

@@ -1,0 +1,278 @@
+import math
+
+import numpy as np
+import pytest
+
+from gossamer.topology import (
+    TOPOLOGY_NAMES,
+    Mixing,
+    Topology,
+    TopologyError,
+    _check_doubly_stochastic,
+    analyse,
+    build_topology,
+    spectral_gap,
+)
+
+NS = [1, 2, 4, 8, 9, 16, 25, 32]
+
+
+def _allowed(spec, n):
+    base = spec.split(":")[0]
+    if base == "torus":
+        return n in (9, 16, 25, 32)  # 32 = 4·8
+    if base == "one-peer-exponential":
+        return n & (n - 1) == 0
+    if base == "random-regular":
+        d = int(spec.split(":")[1]) if ":" in spec else 4
+        return n > d and n * d % 2 == 0
+    return True
+
+
+SPECS = [
+    "complete",
+    "ring",
+    "torus",
+    "exponential",
+    "one-peer-exponential",
+    "random-regular",
+    "random-regular:3",
+    "erdos-renyi",
+    "erdos-renyi:0.5",
+]
+CASES = [(s, n) for s in SPECS for n in NS if _allowed(s, n)]
+
+
+def _ring_gap(n):
+    return 1 - (1 + 2 * math.cos(2 * math.pi / n)) / 3
+
+
+def test_names():
+    assert TOPOLOGY_NAMES[:2] == ("complete", "ring")
+    assert "edges" in TOPOLOGY_NAMES and "one-peer-exponential" in TOPOLOGY_NAMES
+
+
+@pytest.mark.parametrize("spec,n", CASES)
+def test_doubly_stochastic_and_slots(spec, n):
+    rng = np.random.default_rng(n)
+    topo = build_topology(spec, n, seed=1)
+    assert topo.name == spec and topo.n == n
+    x = rng.standard_normal((n, 3))
+    for t in range(2 * topo.period + 1):
+        m = topo.mixing(t)
+        assert m.index.dtype == np.int64 and m.weight.dtype == np.float64
+        assert m.index.shape == m.weight.shape and m.index.shape[1] == n
+        assert np.array_equal(m.index[0], np.arange(n))  # slot 0 is self
+        w = topo.matrix(t)
+        assert w.shape == (n, n)
+        assert (w >= 0).all()
+        np.testing.assert_allclose(w.sum(0), 1, atol=1e-12)
+        np.testing.assert_allclose(w.sum(1), 1, atol=1e-12)
+        slot = (m.weight[..., None] * x[m.index]).sum(0)
+        np.testing.assert_allclose(slot, w @ x, atol=1e-12)
+    rho = spectral_gap(topo)
+    assert 0 <= rho <= 1
+    a = analyse(topo)
+    assert set(a) == {"name", "n", "spectral_gap", "p", "period", "rounds_to_halve",
+                      "messages_per_worker"}
+    assert a["p"] == pytest.approx(1 - (1 - rho) ** 2)
+
+
+def test_small_ring():
+    np.testing.assert_allclose(build_topology("ring", 1).matrix(0), [[1.0]])
+    np.testing.assert_allclose(build_topology("ring", 2).matrix(0),
+                               [[1 / 3, 2 / 3], [2 / 3, 1 / 3]], atol=1e-15)
+
+
+def test_ring_gap_closed_form():
+    for n in range(3, 71):
+        assert spectral_gap(build_topology("ring", n)) == pytest.approx(_ring_gap(n), abs=1e-10)
+    assert abs(spectral_gap(build_topology("ring", 64)) - 0.0032102) < 1e-6
+    for n, r in [(16, 13.3), (32, 53.8), (64, 215.6)]:
+        assert analyse(build_topology("ring", n))["rounds_to_halve"] == pytest.approx(r, abs=0.06)
+
+
+def test_one_peer_exponential_exact_average():
+    rng = np.random.default_rng(0)
+    for n in [2, 4, 8, 16, 32]:
+        topo = build_topology("one-peer-exponential", n)
+        assert topo.period == int(math.log2(n))
+        prod = np.eye(n)
+        x = rng.standard_normal((n, 5))
+        y = x.copy()
+        for t in range(topo.period):
+            prod = topo.matrix(t) @ prod
+            m = topo.mixing(t)
+            y = (m.weight[..., None] * y[m.index]).sum(0)
+        np.testing.assert_allclose(prod, np.full((n, n), 1 / n), atol=1e-15)
+        np.testing.assert_allclose(y, np.broadcast_to(x.mean(0), y.shape), atol=1e-12)
+        assert spectral_gap(topo) == 1.0
+        assert analyse(topo)["messages_per_worker"] == 1.0
+        assert analyse(topo)["rounds_to_halve"] == 0.0
+    # period log2 n, hop 2^k at step k
+    w = build_topology("one-peer-exponential", 8).matrix(2)
+    assert w[1, 5] == 0.5 and w[1, 1] == 0.5
+    assert build_topology("one-peer-exponential", 1).period == 1
+
+
+def test_static_exponential():
+    for n in [2, 5, 8, 12, 16, 33]:
+        w = build_topology("exponential", n).matrix(0)
+        np.testing.assert_allclose(w, w.T)
+        deg = (w[0] > 0).sum() - 1
+        hops = {(s * (1 << k)) % n for k in range(int(math.floor(math.log2(n - 1))) + 1)
+                for s in (1, -1)} - {0}
+        assert deg == len(hops)
+        np.testing.assert_allclose(w[w > 0], 1 / (deg + 1))
+    # n = 8: hops ±1, ±2, ±4 -> neighbours 1, 2, 4, 6, 7
+    assert set(np.flatnonzero(build_topology("exponential", 8).matrix(0)[0])) == {0, 1, 2, 4, 6, 7}
+
+
+def test_complete():
+    for n in [1, 2, 5, 16]:
+        topo = build_topology("complete", n)
+        np.testing.assert_allclose(topo.matrix(0), np.full((n, n), 1 / n))
+        assert spectral_gap(topo) == pytest.approx(1.0)
+        assert analyse(topo)["messages_per_worker"] == n - 1
+
+
+def test_ring_messages():
+    assert analyse(build_topology("ring", 16))["messages_per_worker"] == 2
+    assert build_topology("ring", 2).mixing(0).messages_per_worker() == 1
+
+
+@pytest.mark.parametrize("a,b", [(3, 3), (4, 4), (3, 5)])
+def test_torus_gap(a, b):
+    n = a * b
+    lam = max(abs(1 + 2 * math.cos(2 * math.pi * k / a) + 2 * math.cos(2 * math.pi * l / b)) / 5
+              for k in range(a) for l in range(b) if (k, l) != (0, 0))
+    topo = build_topology("torus", n)
+    assert spectral_gap(topo) == pytest.approx(1 - lam, abs=1e-10)
+    w = topo.matrix(0)
+    np.testing.assert_allclose(w, w.T)
+    assert ((w > 0).sum(1) == 5).all()
+
+
+def test_torus_most_square():
+    # 36 = 6·6, not 3·12 or 4·9: each node's neighbours are ±1 and ±6
+    w = build_topology("torus", 36).matrix(0)
+    assert set(np.flatnonzero(w[0])) == {0, 1, 5, 6, 30}
+
+
+def test_edges_path_mh(tmp_path):
+    f = tmp_path / "path.txt"
+    f.write_text("# a path\n0 1\n\n1  2   # comment\n2\t3\n3 3\n1 0\n")
+    topo = build_topology(f"edges:{f}", 4)
+    assert topo.name == f"edges:{f}"
+    expected = np.array([
+        [2 / 3, 1 / 3, 0, 0],
+        [1 / 3, 1 / 3, 1 / 3, 0],
+        [0, 1 / 3, 1 / 3, 1 / 3],
+        [0, 0, 1 / 3, 2 / 3],
+    ])
+    np.testing.assert_allclose(topo.matrix(0), expected, atol=1e-15)
+    assert topo.mixing(0).index.shape == (3, 4)  # K = 1 + max degree
+
+
+def test_edges_star_mh(tmp_path):
+    f = tmp_path / "star.txt"
+    f.write_text("0 1\n0 2\n0 3\n")
+    w = build_topology(f"edges:{f}", 4).matrix(0)
+    np.testing.assert_allclose(w[0], [1 / 4] * 4)
+    np.testing.assert_allclose(w[1], [1 / 4, 3 / 4, 0, 0])
+    m = build_topology(f"edges:{f}", 4).mixing(0)
+    assert m.index.shape == (4, 4)
+    assert (m.weight[2:, 1] == 0).all() and (m.index[2:, 1] == 1).all()  # padding
+
+
+def test_random_graphs_deterministic():
+    for spec in ["random-regular", "random-regular:3", "erdos-renyi", "erdos-renyi:0.5"]:
+        a = build_topology(spec, 16, seed=1).matrix(0)
+        b = build_topology(spec, 16, seed=1).matrix(0)
+        c = build_topology(spec, 16, seed=2).matrix(0)
+        np.testing.assert_array_equal(a, b)
+        assert not np.array_equal(a, c)
+    # erdos_renyi_graph(16, 0.3, seed=3) is disconnected, so seed 3 retries with seed 4
+    np.testing.assert_array_equal(build_topology("erdos-renyi", 16, seed=3).matrix(0),
+                                  build_topology("erdos-renyi", 16, seed=4).matrix(0))
+    w = build_topology("random-regular:3", 16).matrix(0)
+    assert ((w > 0).sum(1) == 4).all()
+    np.testing.assert_allclose(w[(w > 0) & ~np.eye(16, dtype=bool)], 1 / 4)
+
+
+def _raises(spec, n, *words, seed=0):
+    with pytest.raises(TopologyError) as e:
+        build_topology(spec, n, seed=seed)
+    msg = str(e.value)
+    assert "\n" not in msg
+    for w in words:
+        assert w in msg, msg
+    return msg
+
+
+def test_errors(tmp_path):
+    msg = _raises("foo", 8, "unknown topology 'foo'", "complete", "ring", "edges:FILE")
+    assert msg.startswith("unknown topology 'foo'; choose one of: complete, ring")
+    _raises("torus", 13, "'torus'", "n = 13", "a, b >= 3")
+    _raises("torus", 14, "'torus'", "n = 14")
+    _raises("torus", 4, "'torus'", "n = 4")
+    _raises("one-peer-exponential", 12, "'one-peer-exponential'", "power of two", "n = 12")
+    _raises("random-regular:x", 8, "'random-regular'", "'x'")
+    _raises("random-regular:3", 9, "'random-regular'", "even")
+    _raises("random-regular:8", 8, "'random-regular'", "D < n")
+    _raises("random-regular:0", 8, "'random-regular'")
+    _raises("random-regular:1", 8, "'random-regular", "connected")
+    _raises("erdos-renyi:x", 8, "'erdos-renyi'", "'x'")
+    _raises("erdos-renyi:0", 8, "'erdos-renyi'", "0 < Q <= 1")
+    _raises("erdos-renyi:1.5", 8, "'erdos-renyi'")
+    _raises("erdos-renyi:0.01", 30, "'erdos-renyi", "connected")
+    _raises("ring:3", 8, "'ring'", "no parameter")
+    _raises("complete:1", 8, "'complete'")
+    _raises("ring", 0, "n >= 1")
+    _raises("ring", -3, "n >= 1")
+    _raises("edges", 4, "'edges'", "edges:FILE")
+    _raises(f"edges:{tmp_path / 'nope.txt'}", 4, "'edges'", "not found")
+    bad = tmp_path / "bad.txt"
+    bad.write_text("0 1\n1 x\n")
+    _raises(f"edges:{bad}", 4, "'edges'", "line 2")
+    three = tmp_path / "three.txt"
+    three.write_text("0 1 2\n")
+    _raises(f"edges:{three}", 4, "'edges'", "line 1")
+    rng = tmp_path / "range.txt"
+    rng.write_text("0 1\n1 4\n")
+    _raises(f"edges:{rng}", 4, "'edges'", "line 2", "out of range")
+    neg = tmp_path / "neg.txt"
+    neg.write_text("0 -1\n")
+    _raises(f"edges:{neg}", 4, "'edges'", "out of range")
+    disc = tmp_path / "disc.txt"
+    disc.write_text("0 1\n2 3\n")
+    _raises(f"edges:{disc}", 4, "'edges'", "not connected")
+    iso = tmp_path / "iso.txt"
+    iso.write_text("0 1\n1 2\n")
+    _raises(f"edges:{iso}", 4, "'edges'", "not connected")
+
+
+def test_check_doubly_stochastic():
+    _check_doubly_stochastic(np.eye(3), "x")
+    with pytest.raises(TopologyError, match="'x'"):
+        _check_doubly_stochastic(np.array([[0.5, 0.5], [0.4, 0.6]]), "x")
+    with pytest.raises(TopologyError, match="negative"):
+        _check_doubly_stochastic(np.array([[1.5, -0.5], [-0.5, 1.5]]), "x")
+
+
+def test_time_varying_gap_and_analyse():
+    # A custom time-varying topology: the gap uses the product over one period.
+    ring = build_topology("ring", 8)
+    comp = build_topology("complete", 8)
+    topo = Topology("mix", 8, (ring.mixing(0), comp.mixing(0)))
+    assert topo.period == 2 and topo.mixing(3) is comp.mixing(0)
+    assert spectral_gap(topo) == pytest.approx(1.0)
+    two_rings = Topology("rr", 8, (ring.mixing(0), ring.mixing(0)))
+    assert spectral_gap(two_rings) == pytest.approx(spectral_gap(ring), abs=1e-12)
+    a = analyse(topo)
+    assert a["period"] == 2 and a["messages_per_worker"] == pytest.approx((2 + 7) / 2)
+    ident = Topology("id", 4, (Mixing(np.arange(4)[None], np.ones((1, 4))),))
+    assert spectral_gap(ident) == 0.0
+    assert analyse(ident)["rounds_to_halve"] == float("inf")
+    one = build_topology("ring", 1)
+    assert spectral_gap(one) == 1.0 and analyse(one)["rounds_to_halve"] == 0.0
