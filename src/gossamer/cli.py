@@ -16,7 +16,7 @@ from pathlib import Path
 from .config import load_config
 from .report import RunDir, comparison_table, read_summary
 from .topology import analyse, build_topology
-from .train import Diverged, train
+from .train import Diverged, build_run, train
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,11 +34,14 @@ def _default_out(prefix: str) -> Path:
 
 
 def run_training(cfg, out: Path, overwrite: bool, progress: bool = True) -> dict:
-    """Train one config into a run directory and return its summary."""
+    """Train one config into a run directory and return its summary.
+
+    The run is built (and so every option checked) before the directory is touched."""
+    run = build_run(cfg)
     run_dir = RunDir(out, overwrite)
     run_dir.write_config(cfg)
     try:
-        summary = train(cfg, on_row=run_dir.row, on_checkpoint=run_dir.checkpoint, progress=progress)
+        summary = train(cfg, run, on_row=run_dir.row, on_checkpoint=run_dir.checkpoint, progress=progress)
     except Diverged as e:
         kept = "; last good state kept in " + str(out / "checkpoint.pt") if (out / "checkpoint.pt").exists() else ""
         raise Diverged(f"{e}{kept}") from None
@@ -80,7 +83,8 @@ def cmd_demo(args) -> int:
     out = Path(args.out) if args.out else _default_out("demo")
     summaries = {}
     for name, overrides in DEMO_RUNS.items():
-        cfg = load_config(None, ["workers=16", f"epochs={args.epochs}", *overrides])
+        epochs = [f"epochs={args.epochs}"] if args.epochs else []
+        cfg = load_config(None, ["workers=16", *epochs, *overrides])
         print(f"training {name}: 16 workers, {cfg.model} on {cfg.dataset}, {cfg.epochs} epochs ...", flush=True)
         summaries[name] = run_training(cfg, out / name, args.overwrite)
     print()
@@ -114,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("demo", help="All-Reduce vs ring gossip, 16 workers, MNIST-1D (about two minutes)")
     d.add_argument("--out", help="where the two runs go (default runs/demo-TIME)")
-    d.add_argument("--epochs", type=int, default=30)
+    d.add_argument("--epochs", type=int, help="epochs per run (default: the config default, 40)")
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
     return p

@@ -24,6 +24,7 @@ DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 GRAD_BACKENDS = ("auto", "loop")
+DTYPES = ("float32", "float64")
 
 
 @dataclass
@@ -39,10 +40,11 @@ class Config:
     engine: str = "sim"
     device: str = "cpu"
     grad_backend: str = "auto"
+    dtype: str = "float32"  # float64 for exactness studies
     # optimisation
-    epochs: int = 30
+    epochs: int = 40
     batch_size: int = 16  # per worker
-    lr: float = 0.05
+    lr: float = 0.1
     lr_scaling: str = "none"  # "linear": peak lr = lr * workers
     warmup_epochs: float = 0.0
     milestones: list[float] = field(default_factory=list)  # epochs of lr *= lr_decay
@@ -68,6 +70,7 @@ class Config:
         _choice(self, "partition", PARTITIONS)
         _choice(self, "lr_scaling", LR_SCALINGS)
         _choice(self, "grad_backend", GRAD_BACKENDS)
+        _choice(self, "dtype", DTYPES)
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
@@ -117,6 +120,11 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
             raise ConfigError(f"{name} must be an integer, got {value!r}")
         return value
     if annotation.startswith("float"):
+        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError(f"{name} must be a number, got {value!r}")
         return float(value)

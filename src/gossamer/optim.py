@@ -43,9 +43,9 @@ class SGD:
             X.add_(M, alpha=-lr)
 
 
-def decay_vector(slots, no_decay: list[bool], weight_decay: float, device) -> torch.Tensor | None:
+def decay_vector(slots, no_decay: list[bool], weight_decay: float, like: torch.Tensor) -> torch.Tensor | None:
     """λ per coordinate of a row: 0 for parameters flagged no-decay; None when λ = 0."""
     if weight_decay == 0:
         return None
     parts = [torch.full((s.numel,), 0.0 if skip else weight_decay) for s, skip in zip(slots, no_decay)]
-    return torch.cat(parts).to(device)
+    return torch.cat(parts).to(like)

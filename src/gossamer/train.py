@@ -69,18 +69,19 @@ def build_run(cfg: Config, engine=None) -> Run:
     """Build topology, data, model replicas, optimizer and schedule; ValueErrors name the option."""
     device = resolve_device(cfg.device)
     topology = build_topology(cfg.topology, cfg.workers, seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
-    engine = engine or SimEngine(cfg.workers, device)
+    dtype = getattr(torch, cfg.dtype)
+    engine = engine or SimEngine(cfg.workers)
     data = load_dataset(cfg.dataset, cfg.num_samples, seed=MNIST1D_SEED)
-    data = type(data)(*(t.to(device) if torch.is_tensor(t) else t for t in
-                        (data.x_train, data.y_train, data.x_test, data.y_test, data.num_classes)))
+    data = type(data)(data.x_train.to(device, dtype), data.y_train.to(device),
+                      data.x_test.to(device, dtype), data.y_test.to(device), data.num_classes)
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)
               if cfg.partition == "dirichlet" else None)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.num_classes)
+    model = build_model(cfg.model, data.num_classes).to(dtype)
     workers = WorkerMatrix(model, len(engine.rows), device)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
-    optimizer = SGD(cfg.momentum, cfg.nesterov, decay_vector(workers.param_slots, no_decay, cfg.weight_decay, device))
+    optimizer = SGD(cfg.momentum, cfg.nesterov, decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X))
     return Run(cfg, engine, data, workers, optimizer, optimizer.init(workers.X),
                build_algorithm(cfg, topology), steps, shards)
 
@@ -104,15 +105,17 @@ def evaluate(run: Run) -> dict[str, float]:
             "test_accuracy_local_mean": e.mean_scalar(local)}
 
 
-def train(cfg: Config, engine=None, on_row: Callable[[dict], None] = lambda row: None,
+def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = lambda row: None,
           on_checkpoint: Callable[[dict], None] = lambda state: None, progress: bool = False) -> dict:
-    """Train and return the summary. Raises :class:`Diverged` on NaN/inf (after the last checkpoint)."""
+    """Train (a prebuilt ``run`` of ``cfg``, or one built here) and return the summary.
+
+    Raises :class:`Diverged` on NaN/inf, after the last good checkpoint was written."""
     start = time.perf_counter()
-    run = build_run(cfg, engine)
+    run = run or build_run(cfg)
     w, e = run.workers, run.engine
     rows_here = torch.as_tensor(list(e.rows), device=w.X.device)
     S = run.steps_per_epoch
-    bar = tqdm(total=cfg.epochs * S, disable=not progress, desc=f"{cfg.algorithm} n={cfg.workers}", leave=False)
+    bar = tqdm(total=cfg.epochs * S, disable=None if progress else True, desc=f"{cfg.algorithm} n={cfg.workers}", leave=False)
     row: dict = {}
     for epoch in range(cfg.epochs):
         idx = epoch_indices(run, epoch)[:, rows_here]

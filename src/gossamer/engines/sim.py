@@ -11,12 +11,11 @@ from .comm import CommStats, mix_rows
 class SimEngine:
     """n workers in one process. ``rows`` are the global indices of the rows held here (all)."""
 
-    def __init__(self, n: int, device: torch.device | str = "cpu"):
+    def __init__(self, n: int):
         self.n = n
         self.rows = range(n)
-        self.device = torch.device(device)
         self.comm = CommStats()
-        self._mixing_cache: dict[int, tuple[torch.Tensor, ...]] = {}
+        self._mixing_cache: dict[tuple, tuple] = {}
 
     def allreduce_mean_(self, X: torch.Tensor) -> None:
         """Exact average: every row becomes mean_i X_i (in place)."""
@@ -25,20 +24,22 @@ class SimEngine:
 
     def gossip_(self, X: torch.Tensor, mixing: Mixing) -> None:
         """One gossip round X ← W X (in place), W the mixing matrix of this step."""
-        index, weight, dense = self._tensors(mixing)
+        index, weight, dense, peers = self._prepared(mixing, X)
         X.copy_(dense @ X if dense is not None else mix_rows(X, index, weight))
-        self.comm.gossip(X.shape[1], mixing.messages_per_worker())
+        self.comm.gossip(X.shape[1], peers)
 
-    def _tensors(self, mixing: Mixing) -> tuple[torch.Tensor, ...]:
-        key = id(mixing)
+    def _prepared(self, mixing: Mixing, like: torch.Tensor) -> tuple:
+        """(index, weight, dense W or None, messages per worker) on like's device and dtype, cached."""
+        key = (id(mixing), like.dtype, like.device)
         if key not in self._mixing_cache:
-            index = torch.as_tensor(mixing.index, device=self.device)
-            weight = torch.as_tensor(mixing.weight, dtype=torch.float32, device=self.device).unsqueeze(-1)
+            index = torch.tensor(mixing.index, device=like.device)
+            weight = torch.tensor(mixing.weight).to(like).unsqueeze(-1)
             # a dense product beats K gathers once a worker has neighbours in about half the graph
-            dense = (torch.as_tensor(mixing.dense(), dtype=torch.float32, device=self.device)
+            dense = (torch.tensor(mixing.dense()).to(like)
                      if 2 * index.shape[0] > self.n else None)
-            self._mixing_cache[key] = (index, weight, dense, mixing)  # keep mixing alive: its id is the key
-        return self._mixing_cache[key][:3]
+            # the mixing rides along so that its id (in the key) is never reused while cached
+            self._mixing_cache[key] = (index, weight, dense, mixing.messages_per_worker(), mixing)
+        return self._mixing_cache[key][:4]
 
     def mean_row(self, X: torch.Tensor) -> torch.Tensor:
         """x̄ = (1/n) Σ_i x_i, without changing X."""

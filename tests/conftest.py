@@ -1,0 +1,23 @@
+import pytest
+import torch
+
+from gossamer.config import load_config
+from gossamer.train import build_run, train
+
+
+def small_config(*overrides: str):
+    """A seconds-long run in float64: 1000 MNIST-1D samples (800 train), 4 workers, 2 epochs."""
+    return load_config(None, ["workers=4", "epochs=2", "batch_size=16", "num_samples=1000", "lr=0.05",
+                              "momentum=0.0", "nesterov=false", "dtype=float64", *overrides])
+
+
+def train_final(*overrides: str):
+    """Train a small config; return (summary, run) so tests can read the final rows."""
+    cfg = small_config(*overrides)
+    run = build_run(cfg)
+    return train(cfg, run), run
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    torch.manual_seed(0)

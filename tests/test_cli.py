@@ -1,0 +1,134 @@
+"""The command line as a user meets it: outputs, bad input (exit 2, one line), run directories."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gossamer import train as train_module
+from gossamer.cli import main
+
+SMALL = ["--set", "workers=4", "--set", "epochs=2", "--set", "num_samples=1000", "--quiet"]
+
+
+def run_cli(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_writes_the_run_directory(tmp_path, capsys):
+    out = tmp_path / "run"
+    code, stdout, _ = run_cli(capsys, "train", *SMALL, "--set", "algorithm=gossip", "--out", str(out))
+    assert code == 0
+    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
+    assert {"step", "epoch", "lr", "loss", "consensus_distance_sq"} <= rows[0].keys()
+    assert sum("test_accuracy" in r for r in rows) == 2  # one evaluation per epoch
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("test_accuracy", "test_accuracy_local_mean", "final_consensus_distance_sq", "comm_rounds",
+                "bytes_per_worker", "steps", "wall_seconds"):
+        assert key in summary
+    assert summary["comm_rounds"] == summary["steps"] == len(rows)
+    # ring gossip: d values to each of 2 peers per round, float32
+    assert summary["bytes_per_worker"] == pytest.approx(summary["steps"] * 2 * summary["parameters"] * 4)
+    assert summary["final_consensus_distance_sq"] > 0
+    assert "workers: 4" in (out / "config.yaml").read_text()
+
+
+def test_allreduce_bytes_are_ring_allreduce_volume(tmp_path, capsys):
+    code, _, _ = run_cli(capsys, "train", *SMALL, "--out", str(tmp_path / "r"))
+    s = json.loads((tmp_path / "r" / "summary.json").read_text())
+    n, d = 4, s["parameters"]
+    assert s["bytes_per_worker"] == pytest.approx(s["steps"] * 2 * d * (n - 1) / n * 4)
+
+
+def test_same_config_and_seed_give_identical_summaries(tmp_path, capsys):
+    summaries = []
+    for name in ("a", "b"):
+        assert run_cli(capsys, "train", *SMALL, "--set", "algorithm=gossip", "--out", str(tmp_path / name))[0] == 0
+        s = json.loads((tmp_path / name / "summary.json").read_text())
+        s.pop("wall_seconds")
+        summaries.append(s)
+    assert summaries[0] == summaries[1]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["--set", "topology=hypercube", "--set", "algorithm=gossip"], "unknown topology 'hypercube'"),
+    (["--set", "algorithm=magic"], "unknown algorithm 'magic'"),
+    (["--set", "topology=torus", "--set", "workers=13"], "torus"),
+    (["--set", "topology=one-peer-exponential", "--set", "workers=12"], "power of two"),
+    (["--set", "lr=-0.1"], "lr must be > 0"),
+    (["--set", "colour=blue"], "unknown config key 'colour'"),
+    (["--set", "workers=many"], "workers must be an integer"),
+    (["--set", "batch_size=1000"], "batch_size"),
+    (["--set", "model=resnet9000"], "unknown model"),
+    (["no-such-config.yaml"], "does not exist"),
+])
+def test_bad_options_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
+    out = tmp_path / "never"
+    code, _, err = run_cli(capsys, "train", *argv, "--quiet", "--out", str(out))
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("gossamer: error:") and fragment in err
+    assert not out.exists()  # bad input creates nothing
+
+
+def test_bad_input_from_a_real_process_has_no_traceback():
+    proc = subprocess.run([sys.executable, "-m", "gossamer", "train", "--set", "topology=torus",
+                           "--set", "workers=7", "--quiet"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
+
+
+def test_argparse_errors_are_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--bogus"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_non_empty_run_directory_is_refused_and_kept(tmp_path, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text("precious")
+    code, _, err = run_cli(capsys, "train", *SMALL, "--out", str(out))
+    assert code == 2 and "--overwrite" in err
+    assert (out / "summary.json").read_text() == "precious"
+    (out / "notes.txt").write_text("mine")
+    assert run_cli(capsys, "train", *SMALL, "--out", str(out), "--overwrite")[0] == 0
+    assert (out / "summary.json").read_text() != "precious"
+    assert (out / "notes.txt").read_text() == "mine"  # --overwrite replaces only run files
+
+
+def test_divergence_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
+    import torch
+
+    real_lr_at = train_module.lr_at
+    monkeypatch.setattr(train_module, "lr_at",
+                        lambda cfg, step, S: real_lr_at(cfg, step, S) if step < S else 1e30)
+    out = tmp_path / "run"
+    code, _, err = run_cli(capsys, "train", *SMALL, "--set", "epochs=5", "--out", str(out))
+    assert code == 1
+    assert "diverged" in err and "checkpoint.pt" in err and err.count("\n") == 1
+    state = torch.load(out / "checkpoint.pt")
+    assert state["step"] == 12  # the end of epoch 1, the last finite state
+    assert torch.isfinite(state["X"]).all()
+    assert not (out / "summary.json").exists()
+
+
+def test_topology_json(capsys):
+    code, out, _ = run_cli(capsys, "topology", "ring", "-n", "64", "--json")
+    info = json.loads(out)
+    assert code == 0
+    assert info["spectral_gap"] == pytest.approx(0.0032102, abs=1e-6)
+    assert {"name", "n", "spectral_gap", "p", "period", "rounds_to_halve"} <= info.keys()
+    assert run_cli(capsys, "topology", "torus", "-n", "13")[0] == 2
+
+
+def test_compare_prints_a_table(tmp_path, capsys):
+    assert run_cli(capsys, "train", *SMALL, "--out", str(tmp_path / "a"))[0] == 0
+    code, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"))
+    assert code == 0 and "test acc" in out and str(tmp_path / "a") in out
+    assert run_cli(capsys, "compare", str(tmp_path / "missing"))[0] == 2
