@@ -19,7 +19,8 @@ class ConfigError(ValueError):
 
 
 ALGORITHMS = ("allreduce", "local", "gossip")
-ENGINES = ("sim",)
+ENGINES = ("sim", "dist")
+DIST_BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
@@ -37,7 +38,9 @@ class Config:
     topology: str = "ring"
     topology_seed: int | None = None  # None: use `seed`
     local_steps: int = 1  # H: local steps between averages (`local`)
-    engine: str = "sim"
+    engine: str = "sim"  # "dist": torch.distributed processes under torchrun
+    dist_backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    dist_timeout: float = 60.0  # seconds before a lost peer stops the run
     device: str = "cpu"
     grad_backend: str = "auto"
     dtype: str = "float32"  # float64 for exactness studies
@@ -66,6 +69,7 @@ class Config:
         _positive_int(self, "workers", "epochs", "batch_size", "local_steps", "eval_every", "num_samples")
         _choice(self, "algorithm", ALGORITHMS)
         _choice(self, "engine", ENGINES)
+        _choice(self, "dist_backend", DIST_BACKENDS)
         _choice(self, "device", DEVICES)
         _choice(self, "partition", PARTITIONS)
         _choice(self, "lr_scaling", LR_SCALINGS)
@@ -77,6 +81,8 @@ class Config:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov: true needs momentum > 0")
+        if not self.dist_timeout > 0:
+            raise ConfigError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
         for name in ("weight_decay", "warmup_epochs"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
