@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,13 +33,20 @@ class CommStats:
     rounds: int = 0
     messages_per_worker: float = 0.0
     bytes_per_worker: float = 0.0
+    rounds_by_level: dict[str, int] = field(default_factory=dict)
+    bytes_by_level: dict[str, float] = field(default_factory=dict)
 
-    def allreduce(self, d: int, n: int) -> None:
+    def _add(self, level: str, messages: float, nbytes: float) -> None:
         self.rounds += 1
-        self.messages_per_worker += 2 * (n - 1) if n > 1 else 0
-        self.bytes_per_worker += 2 * d * (n - 1) / n * BYTES_PER_VALUE
+        self.messages_per_worker += messages
+        self.bytes_per_worker += nbytes
+        self.rounds_by_level[level] = self.rounds_by_level.get(level, 0) + 1
+        self.bytes_by_level[level] = self.bytes_by_level.get(level, 0.0) + nbytes
+
+    def allreduce(self, d: int, n: int, level: str = "global") -> None:
+        """A ring all-reduce of d values among n workers."""
+        self._add(level, 2 * (n - 1), 2 * d * (n - 1) / n * BYTES_PER_VALUE)
 
     def gossip(self, d: int, peers_per_worker: float) -> None:
-        self.rounds += 1
-        self.messages_per_worker += peers_per_worker
-        self.bytes_per_worker += peers_per_worker * d * BYTES_PER_VALUE
+        """d values to each of the peers that use this worker's model."""
+        self._add("gossip", peers_per_worker, peers_per_worker * d * BYTES_PER_VALUE)

@@ -20,7 +20,13 @@ class SimEngine:
     def allreduce_mean_(self, X: torch.Tensor) -> None:
         """Exact average: every row becomes mean_i X_i (in place)."""
         X.copy_(X.mean(0, keepdim=True).expand_as(X))
-        self.comm.allreduce(X.shape[1], self.n)
+        self.comm.allreduce(X.shape[1], self.n, level="global")
+
+    def block_mean_(self, X: torch.Tensor, block_size: int) -> None:
+        """Exact average inside each block of ``block_size`` consecutive workers (in place)."""
+        blocks = X.view(-1, block_size, X.shape[1])
+        blocks.copy_(blocks.mean(1, keepdim=True).expand_as(blocks))
+        self.comm.allreduce(X.shape[1], block_size, level="block")
 
     def gossip_(self, X: torch.Tensor, mixing: Mixing) -> None:
         """One gossip round X ← W X (in place), W the mixing matrix of this step."""
