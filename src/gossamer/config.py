@@ -18,7 +18,10 @@ class ConfigError(ValueError):
     """Bad configuration: the message names the option and what is allowed."""
 
 
-ALGORITHMS = ("allreduce", "local", "gossip")
+ALGORITHMS = ("allreduce", "local", "post-local", "hierarchical", "gossip", "diloco")
+COMPRESSIONS = ("none", "sign", "ef-sign")
+GOSSIP_FORMS = ("step-then-mix", "mix-then-step")
+OPTIMIZERS = ("sgd", "adam", "adamw")
 ENGINES = ("sim", "dist")
 DIST_BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda", "auto")
@@ -37,7 +40,15 @@ class Config:
     algorithm: str = "allreduce"
     topology: str = "ring"
     topology_seed: int | None = None  # None: use `seed`
-    local_steps: int = 1  # H: local steps between averages (`local`)
+    local_steps: int = 1  # H: local steps between averages (local, post-local, hierarchical, diloco)
+    switch_epoch: float | None = None  # post-local: None = the first lr milestone
+    switch_step: int | None = None  # post-local: the switch in steps instead of epochs
+    block_size: int = 1  # hierarchical: consecutive workers per block
+    block_rounds: int = 1  # hierarchical: H_b, block averages per global average
+    compression: str = "none"  # local, post-local, hierarchical: none | sign | ef-sign
+    gossip_form: str = "step-then-mix"  # or mix-then-step
+    outer_lr: float = 0.7  # diloco
+    outer_momentum: float = 0.9  # diloco (Nesterov)
     engine: str = "sim"  # "dist": torch.distributed processes under torchrun
     dist_backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
     dist_timeout: float = 60.0  # seconds before a lost peer stops the run
@@ -52,8 +63,12 @@ class Config:
     warmup_epochs: float = 0.0
     milestones: list[float] = field(default_factory=list)  # epochs of lr *= lr_decay
     lr_decay: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = True
+    optimizer: str = "sgd"  # sgd | adam | adamw
+    momentum: float = 0.9  # sgd
+    nesterov: bool = True  # sgd
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    adam_eps: float = 1e-8
+    average_optimizer_state: bool = False  # average momenta/moments whenever parameters are averaged
     weight_decay: float = 0.0
     decay_norm_and_bias: bool = False  # False: no weight decay on biases and norm layers
     # data and model
@@ -68,6 +83,9 @@ class Config:
     def validate(self) -> Config:
         _positive_int(self, "workers", "epochs", "batch_size", "local_steps", "eval_every", "num_samples")
         _choice(self, "algorithm", ALGORITHMS)
+        _choice(self, "compression", COMPRESSIONS)
+        _choice(self, "gossip_form", GOSSIP_FORMS)
+        _choice(self, "optimizer", OPTIMIZERS)
         _choice(self, "engine", ENGINES)
         _choice(self, "dist_backend", DIST_BACKENDS)
         _choice(self, "device", DEVICES)
@@ -79,7 +97,7 @@ class Config:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         if not 0 <= self.momentum < 1:
             raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
-        if self.nesterov and self.momentum == 0:
+        if self.optimizer == "sgd" and self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov: true needs momentum > 0")
         if not self.dist_timeout > 0:
             raise ConfigError(f"dist_timeout must be > 0 seconds, got {self.dist_timeout}")
@@ -90,9 +108,41 @@ class Config:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
         if any(not 0 < m < self.epochs for m in self.milestones) or self.milestones != sorted(self.milestones):
             raise ConfigError(f"milestones must be increasing epochs in (0, epochs={self.epochs}), got {self.milestones}")
+        self._validate_algorithm()
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        if not self.adam_eps > 0:
+            raise ConfigError(f"adam_eps must be > 0, got {self.adam_eps}")
         if not self.dirichlet_alpha > 0:
             raise ConfigError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
         return self
+
+    def _validate_algorithm(self) -> None:
+        _positive_int(self, "block_size", "block_rounds")
+        if self.algorithm == "hierarchical" and self.workers % self.block_size:
+            raise ConfigError(f"block_size must divide workers: {self.block_size} does not divide {self.workers}")
+        if self.compression != "none" and self.algorithm not in ("local", "post-local", "hierarchical"):
+            raise ConfigError(f"compression '{self.compression}' works with local, post-local and hierarchical, "
+                              f"not with {self.algorithm}")
+        if self.compression != "none" and self.average_optimizer_state:
+            raise ConfigError("average_optimizer_state: true needs compression: none")
+        if self.switch_epoch is not None and self.switch_step is not None:
+            raise ConfigError("give post-local's switch as switch_epoch or switch_step, not both")
+        if self.algorithm == "post-local" and self.switch_epoch is None and self.switch_step is None \
+                and not self.milestones:
+            raise ConfigError("post-local needs switch_epoch, switch_step or a learning-rate milestone")
+        if (self.switch_epoch or 0) < 0 or (self.switch_step or 0) < 0:
+            raise ConfigError("switch_epoch and switch_step must be >= 0")
+        if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"diloco needs outer_lr > 0 and outer_momentum in [0, 1), "
+                              f"got {self.outer_lr} and {self.outer_momentum}")
+
+    def switch_at(self, steps_per_epoch: int) -> int:
+        """Post-local SGD's switch step t′: switch_step, switch_epoch, or the first milestone."""
+        if self.switch_step is not None:
+            return self.switch_step
+        epoch = self.switch_epoch if self.switch_epoch is not None else (self.milestones or [0.0])[0]
+        return round(epoch * steps_per_epoch)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -8,6 +8,7 @@ update is linear), and local SGD averages parameters only.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,40 @@ class SGD:
             X.add_(G.add_(M, alpha=self.momentum), alpha=-lr)
         else:
             X.add_(M, alpha=-lr)
+
+
+@dataclass
+class Adam:
+    """Adam / AdamW for all workers at once (torch.optim.Adam / AdamW semantics).
+
+    m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  X ← X − η · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε).
+    Adam adds λ·X to g (L2); AdamW decouples it: X ← X − ηλX before the step. The moments are
+    per worker (decentralized Adam, Kong et al.); the step count t is shared (lock-step workers).
+    """
+
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    decay: torch.Tensor | None = None
+    decoupled: bool = False  # AdamW
+    t: int = 0
+
+    def init(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"exp_avg": torch.zeros_like(X), "exp_avg_sq": torch.zeros_like(X)}
+
+    def step(self, X: torch.Tensor, G: torch.Tensor, state: dict[str, torch.Tensor], lr: float) -> None:
+        """Update X in place; G is used as scratch."""
+        beta1, beta2 = self.betas
+        self.t += 1
+        if self.decay is not None:
+            if self.decoupled:
+                X.addcmul_(X, self.decay, value=-lr)
+            else:
+                G.addcmul_(X, self.decay)
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m.lerp_(G, 1 - beta1)
+        v.mul_(beta2).addcmul_(G, G, value=1 - beta2)
+        denom = (v.sqrt() / math.sqrt(1 - beta2**self.t)).add_(self.eps)
+        X.addcdiv_(m, denom, value=-lr / (1 - beta1**self.t))
 
 
 def decay_vector(slots, no_decay: list[bool], weight_decay: float, like: torch.Tensor) -> torch.Tensor | None:

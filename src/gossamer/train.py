@@ -21,7 +21,7 @@ from .data import load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
 from .engines.sim import SimEngine
 from .models import build_model, no_decay_mask
-from .optim import SGD, decay_vector
+from .optim import SGD, Adam, decay_vector
 from .topology import build_topology
 from .workers import WorkerMatrix
 
@@ -58,7 +58,7 @@ class Run:
     engine: object
     data: object
     workers: WorkerMatrix
-    optimizer: SGD
+    optimizer: SGD | Adam
     opt_state: dict
     algorithm: object
     steps_per_epoch: int
@@ -81,9 +81,18 @@ def build_run(cfg: Config, engine=None) -> Run:
     model = build_model(cfg.model, data.num_classes).to(dtype)
     workers = WorkerMatrix(model, len(engine.rows), device)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
-    optimizer = SGD(cfg.momentum, cfg.nesterov, decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X))
-    return Run(cfg, engine, data, workers, optimizer, optimizer.init(workers.X),
-               build_algorithm(cfg, topology), steps, shards)
+    optimizer = build_optimizer(cfg, decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X))
+    opt_state = optimizer.init(workers.X)
+    algorithm = build_algorithm(cfg, topology, [s.numel for s in workers.param_slots], list(opt_state.values()),
+                                cfg.switch_at(steps))
+    return Run(cfg, engine, data, workers, optimizer, opt_state, algorithm, steps, shards)
+
+
+def build_optimizer(cfg: Config, decay: torch.Tensor | None):
+    """The local optimizer: SGD (momentum, Nesterov), Adam or AdamW, with per-coordinate decay."""
+    if cfg.optimizer == "sgd":
+        return SGD(cfg.momentum, cfg.nesterov, decay)
+    return Adam(tuple(cfg.adam_betas), cfg.adam_eps, decay, decoupled=cfg.optimizer == "adamw")
 
 
 def epoch_indices(run: Run, epoch: int) -> torch.Tensor:
@@ -117,13 +126,14 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
     S = run.steps_per_epoch
     bar = tqdm(total=cfg.epochs * S, disable=None if progress else True, desc=f"{cfg.algorithm} n={cfg.workers}", leave=False)
     row: dict = {}
+    run.algorithm.start(e, w.X)
     for epoch in range(cfg.epochs):
         idx = epoch_indices(run, epoch)[:, rows_here]
         for s in range(S):
             t = epoch * S + s
             lr = lr_at(cfg, t, S)
             losses = w.loss_and_grad(run.data.x_train[idx[s]], run.data.y_train[idx[s]])
-            run.algorithm.on_gradients(e, w.G, t)
+            run.algorithm.on_gradients(e, w.X, w.G, t)
             run.optimizer.step(w.X, w.G, run.opt_state, lr)
             run.algorithm.after_step(e, w.X, t)
             loss = e.mean_scalar(losses)
@@ -147,6 +157,8 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
         "comm_rounds": e.comm.rounds,
         "messages_per_worker": e.comm.messages_per_worker,
         "bytes_per_worker": e.comm.bytes_per_worker,
+        **{f"comm_rounds_{level}": r for level, r in sorted(e.comm.rounds_by_level.items())},
+        **{f"bytes_per_worker_{level}": b for level, b in sorted(e.comm.bytes_by_level.items())},
         "steps": cfg.epochs * S,
         "parameters": w.d,
         "wall_seconds": time.perf_counter() - start,

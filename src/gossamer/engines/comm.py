@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 BYTES_PER_VALUE = 4  # float32 on the wire
+LEVELS = ("global", "block", "gossip")  # all-reduce of all workers, inside blocks, gossip rounds
 
 
 def mix_rows(source: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -33,19 +34,24 @@ class CommStats:
     rounds: int = 0
     messages_per_worker: float = 0.0
     bytes_per_worker: float = 0.0
-    rounds_by_level: dict[str, int] = field(default_factory=dict)
-    bytes_by_level: dict[str, float] = field(default_factory=dict)
+    rounds_by_level: dict[str, int] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0))
+    bytes_by_level: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0.0))
 
     def _add(self, level: str, messages: float, nbytes: float) -> None:
         self.rounds += 1
         self.messages_per_worker += messages
         self.bytes_per_worker += nbytes
-        self.rounds_by_level[level] = self.rounds_by_level.get(level, 0) + 1
-        self.bytes_by_level[level] = self.bytes_by_level.get(level, 0.0) + nbytes
+        self.rounds_by_level[level] += 1
+        self.bytes_by_level[level] += nbytes
 
     def allreduce(self, d: int, n: int, level: str = "global") -> None:
         """A ring all-reduce of d values among n workers."""
         self._add(level, 2 * (n - 1), 2 * d * (n - 1) / n * BYTES_PER_VALUE)
+
+    def allgather(self, nbytes: int, n: int, level: str = "global") -> None:
+        """A ring all-gather of one nbytes message per worker among n workers (compressed averaging:
+        sign messages cannot be summed on the way, so every worker receives every message)."""
+        self._add(level, n - 1, (n - 1) * nbytes)
 
     def gossip(self, d: int, peers_per_worker: float) -> None:
         """d values to each of the peers that use this worker's model."""

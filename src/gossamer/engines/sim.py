@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import torch
 
+from ..compression import SignMessage, sign_decompress
 from ..topology import Mixing
 from .comm import CommStats, mix_rows
+
+
+def _group_mean_(X: torch.Tensor, group: int) -> None:
+    """Rows of each group of ``group`` consecutive rows ← their mean (in place)."""
+    blocks = X.view(-1, group, X.shape[1])
+    blocks.copy_(blocks.mean(1, keepdim=True).expand_as(blocks))
 
 
 class SimEngine:
@@ -19,14 +26,20 @@ class SimEngine:
 
     def allreduce_mean_(self, X: torch.Tensor) -> None:
         """Exact average: every row becomes mean_i X_i (in place)."""
-        X.copy_(X.mean(0, keepdim=True).expand_as(X))
+        _group_mean_(X, self.n)
         self.comm.allreduce(X.shape[1], self.n, level="global")
 
     def block_mean_(self, X: torch.Tensor, block_size: int) -> None:
         """Exact average inside each block of ``block_size`` consecutive workers (in place)."""
-        blocks = X.view(-1, block_size, X.shape[1])
-        blocks.copy_(blocks.mean(1, keepdim=True).expand_as(blocks))
+        _group_mean_(X, block_size)
         self.comm.allreduce(X.shape[1], block_size, level="block")
+
+    def sign_mean(self, message: SignMessage, numels: list[int], block_size: int | None = None) -> torch.Tensor:
+        """Row i ← mean of the decompressed messages of i's group (all n workers, or its block)."""
+        C = sign_decompress(message, numels)
+        _group_mean_(C, block_size or self.n)
+        self.comm.allgather(message.nbytes, block_size or self.n, level="block" if block_size else "global")
+        return C
 
     def gossip_(self, X: torch.Tensor, mixing: Mixing) -> None:
         """One gossip round X ← W X (in place), W the mixing matrix of this step."""

@@ -1,0 +1,253 @@
+"""Post-local, hierarchical, compressed averaging, gossip forms, Adam, DiLoCo: identities."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import small_config, train_final
+from gossamer.algorithms import ModelSync
+from gossamer.compression import pack_bits, sign_compress, sign_decompress, unpack_bits
+from gossamer.data.partition import iid_epoch_indices
+from gossamer.engines.sim import SimEngine
+from gossamer.models import build_model
+from gossamer.train import build_run, train
+
+S = 12  # steps per epoch of the small config (800 samples, 4 workers, batch 16)
+
+
+def rows_of(*overrides):
+    """Per-step metric rows and the final run of a small training."""
+    cfg = small_config(*overrides)
+    run, rows = build_run(cfg), []
+    train(cfg, run, on_row=rows.append)
+    return rows, run
+
+
+def close(a, b, tol=1e-9):
+    torch.testing.assert_close(a, b, atol=tol, rtol=0)
+
+
+# ---------------------------------------------------------------- post-local
+
+
+def test_post_local_equals_allreduce_before_the_switch_step_for_step():
+    post, _ = rows_of("algorithm=post-local", "switch_epoch=1", "local_steps=4", "momentum=0.9", "nesterov=true")
+    base, _ = rows_of("algorithm=allreduce", "momentum=0.9", "nesterov=true")
+    for p, b in zip(post[:S], base[:S]):
+        assert p["loss"] == pytest.approx(b["loss"], abs=1e-12)
+        assert p["comm_rounds"] == b["comm_rounds"]
+    assert abs(post[S + 1]["loss"] - base[S + 1]["loss"]) > 1e-9  # and differs after it
+
+
+def test_post_local_after_the_switch_is_local_sgd():
+    _, post = rows_of("algorithm=post-local", "switch_step=0", "local_steps=3")
+    _, local = rows_of("algorithm=local", "local_steps=3")
+    close(post.workers.X, local.workers.X)
+    rows, _ = rows_of("algorithm=post-local", "switch_epoch=1", "local_steps=4")
+    # S all-reduce rounds, then an average every 4 steps: Ξ² vanishes exactly at those steps
+    assert rows[-1]["comm_rounds"] == S + S // 4
+    for r in rows[S:]:
+        synced = (r["step"] - S) % 4 == 0
+        assert (r["consensus_distance_sq"] < 1e-20) == synced
+
+
+def test_post_local_switch_defaults_to_the_first_milestone():
+    assert small_config("algorithm=post-local", "milestones=[1.5]").switch_at(10) == 15
+    assert small_config("algorithm=post-local", "switch_step=7").switch_at(10) == 7
+
+
+# ---------------------------------------------------------------- hierarchical
+
+
+def test_hierarchical_with_one_block_equals_local():
+    _, h = rows_of("algorithm=hierarchical", "block_size=4", "block_rounds=3", "local_steps=2")
+    _, local = rows_of("algorithm=local", "local_steps=2")
+    close(h.workers.X, local.workers.X)
+
+
+def test_hierarchical_with_blocks_of_one_and_hb_1_equals_local():
+    _, h = rows_of("algorithm=hierarchical", "block_size=1", "block_rounds=1", "local_steps=2")
+    _, local = rows_of("algorithm=local", "local_steps=2")
+    close(h.workers.X, local.workers.X)
+
+
+def test_hierarchical_counts_rounds_per_level(tmp_path):
+    summary, _ = train_final("algorithm=hierarchical", "block_size=2", "block_rounds=3", "local_steps=2")
+    syncs = 2 * S // 2  # 12 averaging rounds in 24 steps
+    assert summary["comm_rounds_global"] == syncs // 3
+    assert summary["comm_rounds_block"] == syncs - syncs // 3
+    assert summary["comm_rounds"] == syncs
+    d = summary["parameters"]
+    assert summary["bytes_per_worker_block"] == pytest.approx(8 * 2 * d * (2 - 1) / 2 * 4)
+    assert summary["bytes_per_worker_global"] == pytest.approx(4 * 2 * d * (4 - 1) / 4 * 4)
+
+
+def test_block_average_leaves_other_blocks_untouched():
+    X = torch.randn(8, 5, dtype=torch.float64)
+    Y = X.clone()
+    SimEngine(8).block_mean_(Y, 4)
+    close(Y[:4], X[:4].mean(0).expand(4, 5))
+    close(Y[4:], X[4:].mean(0).expand(4, 5))
+
+
+# ---------------------------------------------------------------- compression
+
+
+def test_sign_compression_message():
+    delta = torch.tensor([[1.0, -3.0, 0.0, 2.0, -2.0]])
+    msg = sign_compress(delta, [3, 2])
+    close(msg.scales, torch.tensor([[4 / 3, 2.0]]))
+    close(sign_decompress(msg, [3, 2]), torch.tensor([[4 / 3, -4 / 3, 4 / 3, 2.0, -2.0]]))
+    assert msg.nbytes == 1 + 2 * 4  # 5 bits in one byte, two float32 scales
+
+
+def test_bit_packing_round_trips():
+    bits = torch.rand(3, 1001) > 0.5
+    packed = pack_bits(bits)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, 126)
+    assert torch.equal(unpack_bits(packed, 1001), bits)
+
+
+def test_error_feedback_message_plus_new_residual_is_change_plus_old_residual():
+    numels = [30, 70]
+    sync = ModelSync("ef-sign", numels)
+    X = torch.zeros(4, 100, dtype=torch.float64)
+    sync.start(X)
+    engine = SimEngine(4)
+    for _ in range(3):
+        old_ref, old_error = sync.ref["global"].clone(), sync.error["global"].clone()
+        X += torch.randn_like(X)
+        change = X - old_ref
+        message = sign_decompress(sign_compress(change + old_error, numels), numels)
+        sync(engine, X)
+        close(message + sync.error["global"], change + old_error, tol=1e-12)
+        close(X, old_ref + message.mean(0))  # everyone moves by the mean compressed change
+
+
+def test_compressed_local_sgd_trains_and_counts_real_bits():
+    summary, run = train_final("algorithm=local", "local_steps=4", "compression=sign")
+    exact, _ = train_final("algorithm=local", "local_steps=4")
+    d, n, syncs = summary["parameters"], 4, 2 * S // 4
+    message = -(-d // 8) + 4 * len(run.workers.param_slots)
+    assert summary["bytes_per_worker"] == pytest.approx(syncs * (n - 1) * message)  # ring all-gather
+    assert summary["final_loss"] != exact["final_loss"]
+
+
+@pytest.mark.parametrize("compression", ["sign", "ef-sign"])
+def test_compressed_local_sgd_learns(compression):
+    rows, _ = rows_of("algorithm=local", "local_steps=4", f"compression={compression}", "momentum=0.9", "epochs=4")
+    first, last = (sum(r["loss"] for r in part) / S for part in (rows[:S], rows[-S:]))
+    assert last < first - 0.02  # deterministic: seeds fixed
+
+
+def test_sign_message_is_about_1_32_of_float32_for_large_tensors():
+    d = 1_000_000
+    msg = sign_compress(torch.randn(1, d), [d // 2, d // 2])
+    assert msg.nbytes / (4 * d) == pytest.approx(1 / 32, rel=1e-3)
+
+
+def test_ef_sign_hierarchical_runs():
+    summary, _ = train_final("algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2",
+                             "compression=ef-sign")
+    assert summary["comm_rounds_block"] == 6 and summary["comm_rounds_global"] == 6
+
+
+# ---------------------------------------------------------------- gossip forms
+
+
+def test_gossip_forms_differ():
+    _, stm = rows_of("algorithm=gossip", "topology=ring")
+    _, mts = rows_of("algorithm=gossip", "topology=ring", "gossip_form=mix-then-step")
+    assert (stm.workers.X - mts.workers.X).abs().max() > 1e-6
+
+
+def test_mix_then_step_is_one_gossip_then_the_local_step():
+    cfg = small_config("algorithm=gossip", "topology=ring", "gossip_form=mix-then-step", "epochs=1")
+    run = build_run(cfg)
+    X0 = run.workers.X.clone()
+    idx = iid_epoch_indices(800, 4, 16, 0, cfg.seed)[0]
+    losses = run.workers.loss_and_grad(run.data.x_train[idx], run.data.y_train[idx])
+    G0 = run.workers.G.clone()
+    run.algorithm.on_gradients(run.engine, run.workers.X, run.workers.G, 0)
+    W = torch.tensor(run.algorithm.topology.matrix(0))
+    close(run.workers.X, W @ X0)
+    assert losses.shape == (4,) and G0.abs().sum() > 0
+
+
+# ---------------------------------------------------------------- Adam
+
+
+@pytest.mark.parametrize("name, torch_cls", [("adam", torch.optim.Adam), ("adamw", torch.optim.AdamW)])
+def test_adam_with_one_worker_equals_torch(name, torch_cls):
+    cfg = small_config("workers=1", f"optimizer={name}", "lr=0.003", "weight_decay=0.01", "decay_norm_and_bias=true")
+    run = build_run(cfg)
+    train(cfg, run)
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, 10).double()
+    opt = torch_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    for epoch in range(cfg.epochs):
+        idx = iid_epoch_indices(800, 1, cfg.batch_size, epoch, cfg.seed)
+        for s in range(run.steps_per_epoch):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(run.data.x_train[idx[s, 0]]), run.data.y_train[idx[s, 0]]).backward()
+            opt.step()
+    close(run.workers.X[0], torch.cat([p.detach().reshape(-1) for p in model.parameters()]), tol=1e-6)
+
+
+def test_adam_moments_stay_local_unless_averaged():
+    _, local = rows_of("algorithm=local", "local_steps=4", "optimizer=adam", "lr=0.003")
+    m = local.opt_state["exp_avg"]
+    assert (m - m.mean(0)).abs().max() > 1e-6
+    _, avg = rows_of("algorithm=local", "local_steps=4", "optimizer=adam", "lr=0.003", "average_optimizer_state=true")
+    for moment in avg.opt_state.values():  # 24 steps, the last is a sync: all moments equal
+        close(moment, moment.mean(0).expand_as(moment), tol=1e-12)
+
+
+# ---------------------------------------------------------------- DiLoCo
+
+
+def test_diloco_with_outer_lr_1_and_no_momentum_equals_local():
+    _, diloco = rows_of("algorithm=diloco", "local_steps=3", "outer_lr=1", "outer_momentum=0")
+    _, local = rows_of("algorithm=local", "local_steps=3")
+    close(diloco.workers.X, local.workers.X)
+
+
+def test_diloco_outer_nesterov_step():
+    rows, diloco = rows_of("algorithm=diloco", "local_steps=3", "outer_lr=0.7", "outer_momentum=0.9")
+    _, local = rows_of("algorithm=local", "local_steps=3")
+    assert (diloco.workers.X - local.workers.X).abs().max() > 1e-6
+    assert rows[-1]["comm_rounds"] == 2 * S // 3
+
+
+# ---------------------------------------------------------------- communication counts
+
+
+def test_local_sgd_with_h4_has_s_over_4_rounds():
+    summary, _ = train_final("algorithm=local", "local_steps=4")
+    assert summary["comm_rounds"] == summary["comm_rounds_global"] == summary["steps"] // 4
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["algorithm=hierarchical", "block_size=3"], "block_size must divide workers"),
+    (["algorithm=gossip", "compression=sign"], "compression 'sign' works with"),
+    (["algorithm=post-local"], "post-local needs"),
+    (["algorithm=post-local", "switch_epoch=1", "switch_step=3"], "not both"),
+    (["optimizer=lion"], "unknown optimizer 'lion'"),
+    (["gossip_form=sideways"], "unknown gossip_form"),
+])
+def test_bad_algorithm_options(overrides, fragment):
+    from gossamer.config import ConfigError
+    with pytest.raises(ConfigError, match=fragment):
+        small_config(*overrides)
+
+
+def test_every_algorithm_runs_from_the_cli(tmp_path, capsys):
+    from gossamer.cli import main
+    for algorithm, extra in [("post-local", ["switch_epoch=1", "local_steps=4"]),
+                             ("hierarchical", ["block_size=2", "block_rounds=2", "local_steps=2"]),
+                             ("diloco", ["local_steps=4", "optimizer=adamw", "lr=0.003"])]:
+        sets = [x for kv in ["workers=4", "epochs=2", "num_samples=1000", f"algorithm={algorithm}", *extra]
+                for x in ("--set", kv)]
+        assert main(["train", *sets, "--quiet", "--out", str(tmp_path / algorithm)]) == 0
+        assert json.loads((tmp_path / algorithm / "summary.json").read_text())["test_accuracy"] > 0.15
