@@ -27,7 +27,7 @@ DIST_BACKENDS = ("auto", "gloo", "nccl")
 DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
-GRAD_BACKENDS = ("auto", "loop")
+GRAD_BACKENDS = ("auto", "loop", "vmap")
 DTYPES = ("float32", "float64")
 
 

@@ -79,7 +79,7 @@ def build_run(cfg: Config, engine=None) -> Run:
               if cfg.partition == "dirichlet" else None)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data.num_classes).to(dtype)
-    workers = WorkerMatrix(model, len(engine.rows), device)
+    workers = WorkerMatrix(model, len(engine.rows), device, backend=cfg.grad_backend)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
     optimizer = build_optimizer(cfg, decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X))
     opt_state = optimizer.init(workers.X)

@@ -66,7 +66,7 @@ class WorkerMatrix:
     All rows start from the template's parameters (every worker starts from the same model).
     """
 
-    def __init__(self, template: nn.Module, m: int, device: torch.device | str = "cpu"):
+    def __init__(self, template: nn.Module, m: int, device: torch.device | str = "cpu", backend: str = "loop"):
         self.template = template.to(device)
         self.param_slots, self.d = _layout(list(template.named_parameters()))
         self.buffer_slots, self.d_buffers = _layout(_float_buffers(template))
