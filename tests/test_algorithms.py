@@ -7,6 +7,7 @@ import torch
 
 from conftest import small_config, train_final
 from gossamer.algorithms import ModelSync
+from gossamer.consensus import Step
 from gossamer.compression import pack_bits, sign_compress, sign_decompress, unpack_bits
 from gossamer.data.partition import iid_epoch_indices
 from gossamer.engines.sim import SimEngine
@@ -169,7 +170,7 @@ def test_mix_then_step_is_one_gossip_then_the_local_step():
     idx = iid_epoch_indices(800, 4, 16, 0, cfg.seed)[0]
     losses = run.workers.loss_and_grad(run.data.x_train[idx], run.data.y_train[idx])
     G0 = run.workers.G.clone()
-    run.algorithm.on_gradients(run.engine, run.workers.X, run.workers.G, 0)
+    run.algorithm.on_gradients(run.engine, run.workers.X, run.workers.G, Step(0))
     W = torch.tensor(run.algorithm.topology.matrix(0))
     close(run.workers.X, W @ X0)
     assert losses.shape == (4,) and G0.abs().sum() > 0

@@ -3,18 +3,21 @@
 Every algorithm of both papers is a schedule over the hooks of the training loop: ``start``
 (before the first step), ``on_gradients`` (after backward, before the local optimizer step:
 where mini-batch SGD averages gradients) and ``after_step`` (after the local step: where models
-are averaged or gossiped). ``t`` is the 0-based index of the step being taken.
+are averaged or gossiped; it may return metrics for the step's row). ``step.t`` is the 0-based
+index of the step being taken.
 """
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 
 import torch
 
 from .compression import sign_compress, sign_decompress
+from .consensus import Controller, Step
 from .optim import SGD
-from .topology import Topology
+from .topology import Mixing, Topology, round_p
 
 
 @dataclass
@@ -67,10 +70,10 @@ class AllReduce:
     def start(self, engine, X: torch.Tensor) -> None:
         pass
 
-    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, t: int) -> None:
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         engine.allreduce_mean_(G)
 
-    def after_step(self, engine, X: torch.Tensor, t: int) -> None:
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> None:
         pass
 
 
@@ -97,11 +100,12 @@ class LocalSGD:
     def _levels(self) -> tuple[str, ...]:
         return ("global", "block") if self.block_size else ("global",)
 
-    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, t: int) -> None:
-        if t < self.switch:
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        if step.t < self.switch:
             engine.allreduce_mean_(G)
 
-    def after_step(self, engine, X: torch.Tensor, t: int) -> None:
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> None:
+        t = step.t
         if t < self.switch:
             if t + 1 == self.switch:
                 self.sync.start(X, self._levels())
@@ -117,32 +121,68 @@ class LocalSGD:
 
 
 @dataclass
-class Gossip:
-    """D-SGD (Kong et al.) over W_t.
+class Decentralized:
+    """D-SGD (Kong et al.) over W_r, by training phase: all-reduce SGD, gossip, or controlled gossip.
 
-    ``step-then-mix`` (the paper's form): X ← (X − η ∂F(X)) W_t — local step, then one gossip round.
-    ``mix-then-step`` (Lian et al.'s D-PSGD form): X ← X W_t − η ∂F(X), the gradient taken at the
-    pre-mixing models. ``extra`` (optimizer state averaged with the parameters) is mixed alike.
+    ``step-then-mix`` (the paper's form): X ← (X − η ∂F(X)) W — local step, then one gossip round.
+    ``mix-then-step`` (Lian et al.'s D-PSGD form): X ← X W − η ∂F(X), the gradient taken at the
+    pre-mixing models. In a ``controlled`` phase the controller adds rounds until Ξ ≤ target.
+    Round r uses W_r (time-varying graphs advance per round, extra rounds included). Entering an
+    all-reduce phase from a decentralized one averages the models once. ``extra`` (optimizer
+    state averaged with the parameters) is mixed alike.
     """
 
     topology: Topology
     form: str = "step-then-mix"
+    modes: list[str] = field(default_factory=lambda: ["gossip"])
+    phase_starts: list[int] = field(default_factory=list)  # first step of phases 2, 3, ...
+    controller: Controller | None = None
     extra: list[torch.Tensor] = field(default_factory=list)
+    rounds: int = 0
+    _theta_sq: float | None = None
+    _mixing: Mixing | None = None
 
     def start(self, engine, X: torch.Tensor) -> None:
         pass
 
-    def _mix(self, engine, X: torch.Tensor, t: int) -> None:
-        for rows in (X, *self.extra):
-            engine.gossip_(rows, self.topology.mixing(t))
+    def phase(self, t: int) -> int:
+        return bisect.bisect_right(self.phase_starts, t)
 
-    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, t: int) -> None:
-        if self.form == "mix-then-step":
-            self._mix(engine, X, t)
+    def _round(self, engine, X: torch.Tensor, measure: bool = False) -> float | None:
+        mixing = self.topology.mixing(self.rounds)
+        self.rounds += 1
+        for rows in self.extra:
+            engine.gossip_(rows, mixing)
+        self._mixing = mixing
+        return engine.gossip_(X, mixing, measure=measure)
 
-    def after_step(self, engine, X: torch.Tensor, t: int) -> None:
-        if self.form == "step-then-mix":
-            self._mix(engine, X, t)
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        mode = self.modes[self.phase(step.t)]
+        if mode == "allreduce":
+            engine.allreduce_mean_(G)
+        elif self.form == "mix-then-step":
+            self._theta_sq = self._round(engine, X, measure=True)
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        k = self.phase(step.t)
+        metrics = {"phase": k + 1, "extra_gossip_rounds": 0}
+        if self.modes[k] != "allreduce":
+            if self.form == "step-then-mix":
+                self._theta_sq = self._round(engine, X, measure=True)
+            metrics.update(local_estimate(self._theta_sq, self._mixing))
+            if self.modes[k] == "controlled":
+                metrics.update(self.controller.control(engine, X, step, lambda: self._round(engine, X)))
+            ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
+            if ends_here and self.modes[k + 1] == "allreduce":
+                engine.allreduce_mean_(X)
+        return metrics
+
+
+def local_estimate(theta_sq: float, mixing: Mixing) -> dict:
+    """Θ² and the bound Ξ ≤ (2/p)Θ with p the mixing quality of the round (None if p = 0)."""
+    p = round_p(mixing)
+    bound = 2 / p * theta_sq**0.5 if p > 0 else None
+    return {"theta_sq": theta_sq, "consensus_distance_bound": bound}
 
 
 @dataclass
@@ -164,11 +204,11 @@ class DiLoCo:
         self.x_outer = X[:1].clone()
         self.outer_state = self.outer.init(self.x_outer)
 
-    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, t: int) -> None:
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         pass
 
-    def after_step(self, engine, X: torch.Tensor, t: int) -> None:
-        if (t + 1) % self.local_steps:
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> None:
+        if (step.t + 1) % self.local_steps:
             return
         engine.allreduce_mean_(X)
         pseudo_gradient = self.x_outer - X[:1]
@@ -180,7 +220,7 @@ ALGORITHMS = ("allreduce", "local", "post-local", "hierarchical", "gossip", "dil
 
 
 def build_algorithm(cfg, topology: Topology, numels: list[int], optimizer_state: list[torch.Tensor],
-                    switch_step: int):
+                    steps_per_epoch: int, controller: Controller | None = None):
     """The schedule named by ``cfg.algorithm``. ``optimizer_state`` is averaged with the
     parameters when ``cfg.average_optimizer_state``."""
     extra = optimizer_state if cfg.average_optimizer_state else []
@@ -189,9 +229,11 @@ def build_algorithm(cfg, topology: Topology, numels: list[int], optimizer_state:
     builders = {
         "allreduce": lambda: AllReduce(),
         "local": lambda: LocalSGD(H, sync),
-        "post-local": lambda: LocalSGD(H, sync, switch=switch_step),
+        "post-local": lambda: LocalSGD(H, sync, switch=cfg.switch_at(steps_per_epoch)),
         "hierarchical": lambda: LocalSGD(H, sync, block_size=cfg.block_size, block_rounds=cfg.block_rounds),
-        "gossip": lambda: Gossip(topology, cfg.gossip_form, extra),
+        "gossip": lambda: Decentralized(topology, cfg.gossip_form, cfg.phase_modes(),
+                                        [round(e * steps_per_epoch) for e in cfg.phase_boundaries()],
+                                        controller, extra),
         "diloco": lambda: DiLoCo(H, SGD(cfg.outer_momentum, cfg.outer_momentum > 0), cfg.outer_lr),
     }
     return builders[cfg.algorithm]()

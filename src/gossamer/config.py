@@ -29,6 +29,39 @@ PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 GRAD_BACKENDS = ("auto", "loop", "vmap")
 DTYPES = ("float32", "float64")
+PHASE_MODES = ("allreduce", "gossip", "controlled")
+ON_BUDGET = ("allreduce", "continue")
+
+
+@dataclass
+class ConsensusConfig:
+    """Consensus control (Kong et al.): keep Ξ ≤ target with extra gossip rounds.
+
+    target: none | constant (Ξ ≤ value) | gradient (factor · η_t · sqrt(EMA φ_t²) / p)
+    | run:DIR (factor · EMA of the Ξ_t an earlier uncontrolled run had at the same step).
+    """
+
+    target: str = "none"
+    value: float = 0.0
+    factor: float = 1.0
+    max_extra_rounds: int = 100
+    on_budget: str = "allreduce"
+    ema: float = 0.9
+
+    def validate(self) -> None:
+        t = self.target
+        if t not in ("none", "constant", "gradient") and not (t.startswith("run:") and len(t) > 4):
+            raise ConfigError(f"unknown consensus.target '{t}'; choose one of: none, constant, gradient, run:DIR")
+        if t == "constant" and not self.value > 0:
+            raise ConfigError(f"consensus.target constant needs consensus.value > 0, got {self.value}")
+        if not self.factor > 0:
+            raise ConfigError(f"consensus.factor must be > 0, got {self.factor}")
+        if self.max_extra_rounds < 0:
+            raise ConfigError(f"consensus.max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
+        if self.on_budget not in ON_BUDGET:
+            raise ConfigError(f"unknown consensus.on_budget '{self.on_budget}'; choose one of: {', '.join(ON_BUDGET)}")
+        if not 0 <= self.ema < 1:
+            raise ConfigError(f"consensus.ema must be in [0, 1), got {self.ema}")
 
 
 @dataclass
@@ -47,6 +80,9 @@ class Config:
     block_rounds: int = 1  # hierarchical: H_b, block averages per global average
     compression: str = "none"  # local, post-local, hierarchical: none | sign | ef-sign
     gossip_form: str = "step-then-mix"  # or mix-then-step
+    consensus: ConsensusConfig = field(default_factory=ConsensusConfig)
+    phases: list[str] = field(default_factory=list)  # gossip: a mode per phase (allreduce|gossip|controlled)
+    phase_epochs: list[float] = field(default_factory=list)  # phase boundaries; [] = the lr milestones
     outer_lr: float = 0.7  # diloco
     outer_momentum: float = 0.9  # diloco (Nesterov)
     engine: str = "sim"  # "dist": torch.distributed processes under torchrun
@@ -109,6 +145,7 @@ class Config:
         if any(not 0 < m < self.epochs for m in self.milestones) or self.milestones != sorted(self.milestones):
             raise ConfigError(f"milestones must be increasing epochs in (0, epochs={self.epochs}), got {self.milestones}")
         self._validate_algorithm()
+        self._validate_phases()
         if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
             raise ConfigError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
         if not self.adam_eps > 0:
@@ -137,6 +174,32 @@ class Config:
             raise ConfigError(f"diloco needs outer_lr > 0 and outer_momentum in [0, 1), "
                               f"got {self.outer_lr} and {self.outer_momentum}")
 
+    def _validate_phases(self) -> None:
+        self.consensus.validate()
+        if (self.phases or self.consensus.target != "none") and self.algorithm != "gossip":
+            raise ConfigError(f"phases and consensus.target apply to algorithm gossip, not {self.algorithm}")
+        for mode in self.phases:
+            if mode not in PHASE_MODES:
+                raise ConfigError(f"unknown phase mode '{mode}'; choose from: {', '.join(PHASE_MODES)}")
+        boundaries = self.phase_boundaries()
+        if self.phases and len(boundaries) != len(self.phases) - 1:
+            raise ConfigError(f"phases has {len(self.phases)} modes but {len(boundaries)} boundaries "
+                              f"(phase_epochs, or the lr milestones when phase_epochs is empty)")
+        if boundaries != sorted(boundaries) or any(not 0 < b < self.epochs for b in boundaries):
+            raise ConfigError(f"phase_epochs must be increasing epochs in (0, {self.epochs}), got {boundaries}")
+        if "controlled" in self.phase_modes() and self.consensus.target == "none":
+            raise ConfigError("a controlled phase needs consensus.target (constant, gradient or run:DIR)")
+
+    def phase_boundaries(self) -> list[float]:
+        """Epochs where one phase ends and the next begins."""
+        return list(self.phase_epochs or (self.milestones if self.phases else []))
+
+    def phase_modes(self) -> list[str]:
+        """One mode per phase; without ``phases``, gossip is one phase, controlled if a target is set."""
+        if self.phases:
+            return list(self.phases)
+        return ["controlled" if self.consensus.target != "none" else "gossip"]
+
     def switch_at(self, steps_per_epoch: int) -> int:
         """Post-local SGD's switch step t′: switch_step, switch_epoch, or the first milestone."""
         if self.switch_step is not None:
@@ -161,6 +224,10 @@ def _choice(cfg: Config, name: str, allowed: tuple[str, ...]) -> None:
 
 def _coerce(name: str, value: Any, annotation: str) -> Any:
     """Check a value against the field's type (from its annotation string) and convert ints to floats."""
+    if annotation == "list[str]":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name} must be a list of names, got {value!r}")
+        return value
     if "list" in annotation:
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{name} must be a list of numbers, got {value!r}")
@@ -189,14 +256,29 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
     return value
 
 
-def from_dict(values: dict[str, Any]) -> Config:
-    """Build and validate a Config; unknown keys are refused with the list of known ones."""
-    fields = {f.name: f for f in dataclasses.fields(Config)}
+def _build(cls, values: Any, prefix: str = ""):
+    """A dataclass from a mapping, checking keys and types; sections are nested dataclasses."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{prefix.rstrip('.')} must be a section of keys, got {values!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(values) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown config key '{unknown[0]}'; known keys: {', '.join(fields)}")
-    kwargs = {k: _coerce(k, v, str(fields[k].type)) for k, v in values.items()}
-    return Config(**kwargs).validate()
+        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'; known keys: "
+                          f"{', '.join(prefix + f for f in fields)}")
+    kwargs = {}
+    for key, value in values.items():
+        section = SECTIONS.get(str(fields[key].type))
+        kwargs[key] = (_build(section, value, f"{prefix}{key}.") if section
+                       else _coerce(prefix + key, value, str(fields[key].type)))
+    return cls(**kwargs)
+
+
+SECTIONS = {"ConsensusConfig": ConsensusConfig}
+
+
+def from_dict(values: dict[str, Any]) -> Config:
+    """Build and validate a Config; unknown keys are refused with the list of known ones."""
+    return _build(Config, values).validate()
 
 
 def parse_override(text: str) -> tuple[str, Any]:

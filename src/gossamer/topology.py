@@ -19,6 +19,7 @@ Pure numpy + networkx; no torch.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -411,6 +412,17 @@ def spectral_gap(topology: Topology) -> float:
     sigma = float(np.linalg.norm(prod - np.full((n, n), 1.0 / n), 2))
     rho = 1.0 - sigma ** (1.0 / topology.period)
     return float(min(1.0, max(0.0, rho)))
+
+
+@functools.lru_cache(maxsize=None)  # mixings hash by identity and live as long as their topology
+def round_p(mixing: Mixing) -> float:
+    """Mixing quality of one round, p = 1 − ‖W − J‖₂²: ‖WX − X̄‖² ≤ (1 − p)‖X − X̄‖² for every X.
+
+    For a static symmetric W this is the paper's p = 1 − λ²; for one round of a time-varying
+    graph it can be 0 (one-peer exponential at hops ≥ 2 leaves some modes unmixed)."""
+    n = mixing.n
+    sigma = float(np.linalg.norm(mixing.dense() - np.full((n, n), 1.0 / n), 2)) if n > 1 else 0.0
+    return float(min(1.0, max(0.0, 1.0 - sigma**2)))
 
 
 def analyse(topology: Topology) -> dict:

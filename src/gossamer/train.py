@@ -17,12 +17,13 @@ from tqdm import tqdm
 
 from .algorithms import build_algorithm
 from .config import Config, ConfigError
+from .consensus import Controller, Step, build_target
 from .data import load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
 from .engines.sim import SimEngine
 from .models import build_model, no_decay_mask
 from .optim import SGD, Adam, decay_vector
-from .topology import build_topology
+from .topology import build_topology, spectral_gap
 from .workers import WorkerMatrix
 
 MNIST1D_SEED = 42  # the standard MNIST-1D data set; the run's seed only draws models and batches
@@ -83,8 +84,13 @@ def build_run(cfg: Config, engine=None) -> Run:
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
     optimizer = build_optimizer(cfg, decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X))
     opt_state = optimizer.init(workers.X)
+    controller = None
+    if cfg.consensus.target != "none":
+        p = 1 - (1 - spectral_gap(topology)) ** 2
+        controller = Controller(build_target(cfg, p, cfg.epochs * steps), cfg.consensus.max_extra_rounds,
+                                cfg.consensus.on_budget)
     algorithm = build_algorithm(cfg, topology, [s.numel for s in workers.param_slots], list(opt_state.values()),
-                                cfg.switch_at(steps))
+                                steps, controller)
     return Run(cfg, engine, data, workers, optimizer, opt_state, algorithm, steps, shards)
 
 
@@ -126,6 +132,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
     S = run.steps_per_epoch
     bar = tqdm(total=cfg.epochs * S, disable=None if progress else True, desc=f"{cfg.algorithm} n={cfg.workers}", leave=False)
     row: dict = {}
+    grad_norm_sq_ema, extra_rounds = None, 0
     run.algorithm.start(e, w.X)
     for epoch in range(cfg.epochs):
         idx = epoch_indices(run, epoch)[:, rows_here]
@@ -133,17 +140,24 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             t = epoch * S + s
             lr = lr_at(cfg, t, S)
             losses = w.loss_and_grad(run.data.x_train[idx[s]], run.data.y_train[idx[s]])
-            run.algorithm.on_gradients(e, w.X, w.G, t)
+            phi_sq = e.mean_scalar(w.G.square().sum(1))  # φ_t² = (1/n) Σ_i ‖g_i‖², before any averaging
+            grad_norm_sq_ema = phi_sq if grad_norm_sq_ema is None else (
+                cfg.consensus.ema * grad_norm_sq_ema + (1 - cfg.consensus.ema) * phi_sq)
+            step = Step(t, lr, phi_sq, grad_norm_sq_ema)
+            run.algorithm.on_gradients(e, w.X, w.G, step)
             run.optimizer.step(w.X, w.G, run.opt_state, lr)
-            run.algorithm.after_step(e, w.X, t)
+            metrics = run.algorithm.after_step(e, w.X, step) or {}
             loss = e.mean_scalar(losses)
             if not math.isfinite(loss):
                 raise Diverged(f"training diverged: loss is {loss} at step {t + 1} (epoch {epoch + 1}, lr {lr:g})")
             row = {"step": t + 1, "epoch": round((t + 1) / S, 6), "lr": lr, "loss": loss,
-                   "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds}
+                   "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
+                   "grad_norm_sq": phi_sq, "grad_norm_sq_ema": grad_norm_sq_ema, **metrics}
+            extra_rounds += metrics.get("extra_gossip_rounds", 0)
             if s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
                 _check_finite(w, t)
                 row.update(evaluate(run))
+                row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
                 on_checkpoint({"step": t + 1, "X": w.X, "B": w.B, "optimizer": run.opt_state})
                 bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", xi2=f"{row['consensus_distance_sq']:.2e}")
             on_row(row)
@@ -155,6 +169,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
         "comm_rounds": e.comm.rounds,
+        "extra_gossip_rounds": extra_rounds,
         "messages_per_worker": e.comm.messages_per_worker,
         "bytes_per_worker": e.comm.bytes_per_worker,
         **{f"comm_rounds_{level}": r for level, r in sorted(e.comm.rounds_by_level.items())},

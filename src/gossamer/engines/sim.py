@@ -41,11 +41,17 @@ class SimEngine:
         self.comm.allgather(message.nbytes, block_size or self.n, level="block" if block_size else "global")
         return C
 
-    def gossip_(self, X: torch.Tensor, mixing: Mixing) -> None:
-        """One gossip round X ← W X (in place), W the mixing matrix of this step."""
+    def gossip_(self, X: torch.Tensor, mixing: Mixing, measure: bool = False) -> float | None:
+        """One gossip round X ← W X (in place), W the mixing matrix of this round.
+
+        With ``measure``, returns Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖², what the workers can
+        compute locally from the models they received (one scalar all-reduce)."""
         index, weight, dense, peers = self._prepared(mixing, X)
-        X.copy_(dense @ X if dense is not None else mix_rows(X, index, weight))
+        mixed = dense @ X if dense is not None else mix_rows(X, index, weight)
+        theta_sq = (mixed - X).square().sum(1).mean().item() if measure else None
+        X.copy_(mixed)
         self.comm.gossip(X.shape[1], peers)
+        return theta_sq
 
     def _prepared(self, mixing: Mixing, like: torch.Tensor) -> tuple:
         """(index, weight, dense W or None, messages per worker) on like's device and dtype, cached."""
@@ -67,6 +73,11 @@ class SimEngine:
     def consensus_distance_sq(self, X: torch.Tensor) -> float:
         """Ξ² = (1/n) Σ_i ‖x_i − x̄‖²."""
         return (X - X.mean(0, keepdim=True)).square().sum(1).mean().item()
+
+    def distance_sq_per_tensor(self, X: torch.Tensor, slots) -> dict[str, float]:
+        """Ξ² restricted to each parameter tensor (the per-layer consensus distance)."""
+        per_coordinate = (X - X.mean(0, keepdim=True)).square().mean(0)
+        return {s.name: per_coordinate[s.offset : s.offset + s.numel].sum().item() for s in slots}
 
     def mean_scalar(self, values: torch.Tensor) -> float:
         """Mean over all workers of a per-worker scalar [m]."""

@@ -1,0 +1,159 @@
+"""Consensus distance metrics, the controller, phases and the run:DIR reference."""
+
+import json
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import small_config
+from gossamer.cli import main
+from gossamer.config import ConfigError
+from gossamer.consensus import Controller, Step, ema
+from gossamer.engines.sim import SimEngine
+from gossamer.topology import build_topology, round_p
+from gossamer.train import build_run, train
+
+S = 12  # steps per epoch of the small config
+
+
+def rows_of(*overrides):
+    cfg = small_config(*overrides)
+    run, rows = build_run(cfg), []
+    summary = train(cfg, run, on_row=rows.append)
+    return rows, summary
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(3, 24), graph=st.sampled_from(["ring", "erdos-renyi:0.4", "random-regular:2", "exponential"]),
+       seed=st.integers(0, 1000), fraction=st.floats(0.05, 0.9))
+def test_control_reaches_the_target_with_enough_budget(n, graph, seed, fraction):
+    if graph.startswith("random-regular") and n * 2 % 2:
+        return
+    topo = build_topology(graph, n, seed=seed)
+    engine = SimEngine(n)
+    X = torch.randn(n, 30, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    target = fraction * math.sqrt(engine.consensus_distance_sq(X))
+    rounds = iter(range(10**9))
+    controller = Controller(lambda step: target, max_extra_rounds=100_000, on_budget="continue")
+    metrics = controller.control(engine, X, Step(0), lambda: engine.gossip_(X, topo.mixing(next(rounds))))
+    assert math.sqrt(engine.consensus_distance_sq(X)) <= target
+    assert metrics["extra_gossip_rounds"] >= 1 and not metrics["control_allreduce"]
+
+
+def test_exhausted_budget_falls_back_to_allreduce_or_continues():
+    n, topo = 16, build_topology("ring", 16)
+    for on_budget, zero in (("allreduce", True), ("continue", False)):
+        engine = SimEngine(n)
+        X = torch.randn(n, 10, dtype=torch.float64)
+        controller = Controller(lambda step: 1e-9, max_extra_rounds=3, on_budget=on_budget)
+        metrics = controller.control(engine, X, Step(0), lambda: engine.gossip_(X, topo.mixing(0)))
+        assert metrics["extra_gossip_rounds"] == 3 and metrics["control_allreduce"] == zero
+        assert (engine.consensus_distance_sq(X) < 1e-25) == zero
+        assert engine.comm.rounds == 3 + zero
+
+
+@pytest.mark.parametrize("name", ["complete", "ring", "torus", "exponential", "one-peer-exponential",
+                                  "random-regular:3", "erdos-renyi:0.3"])
+def test_local_estimate_bounds_the_consensus_distance(name):
+    n = 16
+    topo, engine = build_topology(name, n, seed=3), SimEngine(n)
+    for t in range(topo.period + 2):
+        X = torch.randn(n, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(t)) * (t + 1)
+        xi_before = math.sqrt(engine.consensus_distance_sq(X))
+        theta = math.sqrt(engine.gossip_(X, topo.mixing(t), measure=True))
+        xi_after = math.sqrt(engine.consensus_distance_sq(X))
+        p = round_p(topo.mixing(t))
+        if p > 0:
+            assert xi_before <= 2 / p * theta + 1e-12
+            assert xi_after <= xi_before + 1e-12
+        assert theta > 0 or xi_before < 1e-12 or p == 0
+
+
+def test_controlled_training_keeps_xi_under_a_constant_target():
+    rows, summary = rows_of("algorithm=gossip", "consensus.target=constant", "consensus.value=1e-4",
+                            "consensus.max_extra_rounds=1000")
+    assert all(math.sqrt(r["consensus_distance_sq"]) <= 1e-4 for r in rows)
+    assert all(r["consensus_distance_sq_before_control"] >= r["consensus_distance_sq"] for r in rows)
+    extra = sum(r["extra_gossip_rounds"] for r in rows)
+    assert extra > 0 and summary["extra_gossip_rounds"] == extra
+    assert summary["comm_rounds"] == summary["steps"] + extra  # no budget fallbacks needed
+    assert summary["comm_rounds_gossip"] == summary["comm_rounds"]
+
+
+def test_metrics_rows_carry_the_local_estimate_and_gradient_norms():
+    rows, _ = rows_of("algorithm=gossip")
+    for r in rows:
+        assert r["theta_sq"] > 0 and r["grad_norm_sq"] > 0
+        assert math.sqrt(r["consensus_distance_sq"]) <= r["consensus_distance_bound"] + 1e-12
+    assert rows[1]["grad_norm_sq_ema"] == pytest.approx(0.9 * rows[0]["grad_norm_sq"] + 0.1 * rows[1]["grad_norm_sq"])
+    evaluated = [r for r in rows if "consensus_distance_sq_per_layer" in r]
+    per_layer = evaluated[-1]["consensus_distance_sq_per_layer"]
+    assert sum(per_layer.values()) == pytest.approx(evaluated[-1]["consensus_distance_sq"], rel=1e-9)
+    assert "0.weight" in per_layer
+
+
+def test_gradient_target_is_c_eta_sqrt_phi_ema_over_p():
+    rows, _ = rows_of("algorithm=gossip", "consensus.target=gradient", "consensus.factor=0.5")
+    rho = 1 - (1 + 2 * math.cos(2 * math.pi / 4)) / 3
+    p = 1 - (1 - rho) ** 2
+    for r in rows:
+        assert r["consensus_target"] == pytest.approx(0.5 * r["lr"] * math.sqrt(r["grad_norm_sq_ema"]) / p)
+
+
+def test_phases_switch_at_the_right_steps():
+    rows, summary = rows_of("algorithm=gossip", "epochs=3", "phases=[allreduce,gossip,allreduce]",
+                            "phase_epochs=[0.5,1.5]")
+    assert [r["phase"] for r in rows] == [1] * 6 + [2] * 12 + [3] * 18
+    for r in rows:
+        decentralized = r["phase"] == 2 and r["step"] != 18  # the last gossip step ends with an average
+        assert (r["consensus_distance_sq"] > 1e-12) == decentralized
+    assert summary["comm_rounds_gossip"] == 12 and summary["comm_rounds_global"] == 6 + 1 + 18
+
+
+def test_lr_phases_follow_the_milestones():
+    rows, _ = rows_of("algorithm=gossip", "epochs=3", "milestones=[1,2]", "phases=[gossip,allreduce,allreduce]")
+    assert [r["phase"] for r in rows] == [1] * S + [2] * S + [3] * S
+    assert rows[S]["lr"] == pytest.approx(0.1 * rows[0]["lr"])
+
+
+def test_run_reference_is_read_and_aligned_by_step(tmp_path, capsys):
+    ref = tmp_path / "ring"
+    sets = ["--set", "workers=4", "--set", "epochs=2", "--set", "num_samples=1000", "--set", "algorithm=gossip"]
+    assert main(["train", *sets, "--quiet", "--out", str(ref)]) == 0
+    ref_rows = [json.loads(line) for line in (ref / "metrics.jsonl").read_text().splitlines()]
+    smoothed = ema([math.sqrt(r["consensus_distance_sq"]) for r in ref_rows], 0.9)
+    rows, _ = rows_of("algorithm=gossip", f"consensus.target=run:{ref}", "consensus.factor=0.25",
+                      "dtype=float32", "momentum=0.9", "nesterov=true")
+    for r, s in zip(rows, smoothed):
+        assert r["consensus_target"] == pytest.approx(0.25 * s)
+        assert math.sqrt(r["consensus_distance_sq"]) <= r["consensus_target"] + 1e-9
+
+
+def test_bad_run_reference_gives_clear_errors(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="no metrics.jsonl"):
+        build_run(small_config("algorithm=gossip", f"consensus.target=run:{tmp_path / 'missing'}"))
+    ref = tmp_path / "short"
+    sets = ["--set", "workers=4", "--set", "epochs=1", "--set", "num_samples=1000", "--set", "algorithm=gossip"]
+    assert main(["train", *sets, "--quiet", "--out", str(ref)]) == 0
+    with pytest.raises(ConfigError, match="has 12 steps; this run needs 24"):
+        build_run(small_config("algorithm=gossip", f"consensus.target=run:{ref}"))
+    with pytest.raises(ConfigError, match="incompatible: it has workers = 4"):
+        build_run(small_config("algorithm=gossip", "workers=2", f"consensus.target=run:{ref}"))
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["algorithm=gossip", "phases=[gossip,controlled]", "phase_epochs=[1]"], "needs consensus.target"),
+    (["algorithm=gossip", "phases=[gossip,allreduce]"], "2 modes but 0 boundaries"),
+    (["algorithm=gossip", "phases=[gossip,sideways]", "phase_epochs=[1]"], "unknown phase mode"),
+    (["algorithm=local", "consensus.target=gradient"], "apply to algorithm gossip"),
+    (["algorithm=gossip", "consensus.target=constant"], "consensus.value > 0"),
+    (["algorithm=gossip", "consensus.target=magic"], "unknown consensus.target"),
+    (["algorithm=gossip", "consensus.on_budget=panic"], "unknown consensus.on_budget"),
+    (["consensus.bogus=1"], "unknown config key 'consensus.bogus'"),
+])
+def test_bad_consensus_options(overrides, fragment):
+    with pytest.raises(ConfigError, match=fragment):
+        small_config(*overrides)
