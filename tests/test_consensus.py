@@ -110,7 +110,14 @@ def test_phases_switch_at_the_right_steps():
     for r in rows:
         decentralized = r["phase"] == 2 and r["step"] != 18  # the last gossip step ends with an average
         assert (r["consensus_distance_sq"] > 1e-12) == decentralized
+    # momentum 0: no optimizer state to average when phase 3 starts, so one all-reduce there
     assert summary["comm_rounds_gossip"] == 12 and summary["comm_rounds_global"] == 6 + 1 + 18
+
+
+def test_all_reduce_phase_after_gossip_stays_in_consensus_with_momentum():
+    rows, _ = rows_of("algorithm=gossip", "epochs=2", "momentum=0.9", "phases=[gossip,allreduce]", "phase_epochs=[1]")
+    assert rows[S - 2]["consensus_distance_sq"] > 1e-8
+    assert all(r["consensus_distance_sq"] < 1e-20 for r in rows[S - 1:])
 
 
 def test_lr_phases_follow_the_milestones():

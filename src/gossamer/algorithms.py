@@ -128,8 +128,9 @@ class Decentralized:
     ``mix-then-step`` (Lian et al.'s D-PSGD form): X ← X W − η ∂F(X), the gradient taken at the
     pre-mixing models. In a ``controlled`` phase the controller adds rounds until Ξ ≤ target.
     Round r uses W_r (time-varying graphs advance per round, extra rounds included). Entering an
-    all-reduce phase from a decentralized one averages the models once. ``extra`` (optimizer
-    state averaged with the parameters) is mixed alike.
+    all-reduce phase from a decentralized one averages the models and the optimizer ``state``
+    once (else the local momenta would pull the models apart again). ``extra`` (optimizer state
+    averaged with the parameters) is mixed alike.
     """
 
     topology: Topology
@@ -138,6 +139,7 @@ class Decentralized:
     phase_starts: list[int] = field(default_factory=list)  # first step of phases 2, 3, ...
     controller: Controller | None = None
     extra: list[torch.Tensor] = field(default_factory=list)
+    state: list[torch.Tensor] = field(default_factory=list)
     rounds: int = 0
     _theta_sq: float | None = None
     _mixing: Mixing | None = None
@@ -174,7 +176,8 @@ class Decentralized:
                 metrics.update(self.controller.control(engine, X, step, lambda: self._round(engine, X)))
             ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
             if ends_here and self.modes[k + 1] == "allreduce":
-                engine.allreduce_mean_(X)
+                for rows in (X, *self.state):
+                    engine.allreduce_mean_(rows)
         return metrics
 
 
@@ -233,7 +236,7 @@ def build_algorithm(cfg, topology: Topology, numels: list[int], optimizer_state:
         "hierarchical": lambda: LocalSGD(H, sync, block_size=cfg.block_size, block_rounds=cfg.block_rounds),
         "gossip": lambda: Decentralized(topology, cfg.gossip_form, cfg.phase_modes(),
                                         [round(e * steps_per_epoch) for e in cfg.phase_boundaries()],
-                                        controller, extra),
+                                        controller, extra, optimizer_state),
         "diloco": lambda: DiLoCo(H, SGD(cfg.outer_momentum, cfg.outer_momentum > 0), cfg.outer_lr),
     }
     return builders[cfg.algorithm]()

@@ -68,3 +68,24 @@ def comparison_table(runs: dict[str, dict]) -> str:
                   s["comm_rounds"], s["bytes_per_worker"] / 1e6]
         lines.append("| " + " | ".join(f.format(v) for (_, f), v in zip(COLUMNS, values)) + " |")
     return "\n".join(lines)
+
+
+def plot_consensus(metrics: dict[str, Path], phase_epochs: list[float], out: Path, title: str) -> None:
+    """Ξ² over training (log scale), one line per run, learning-rate phases marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, file in metrics.items():
+        rows = [json.loads(line) for line in Path(file).read_text().splitlines()]
+        ax.plot([r["epoch"] for r in rows], [max(r["consensus_distance_sq"], 1e-16) for r in rows],
+                label=name, linewidth=1)
+    for epoch in phase_epochs:
+        ax.axvline(epoch, color="grey", linestyle="--", linewidth=0.8)
+    ax.set(yscale="log", xlabel="epoch", ylabel="consensus distance Ξ²", title=title)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

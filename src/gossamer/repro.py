@@ -1,0 +1,141 @@
+"""``gossamer repro``: the papers' experiments at a scale two CPU cores can run.
+
+A suite is a list of variants (config overrides) run for several seeds on MNIST-1D with the
+1-D CNN; it writes every run, ``results.md`` (mean ± std over seeds) and a plot of Ξ² over
+training with the learning-rate phases marked.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .config import load_config
+from .report import plot_consensus, read_summary
+
+
+@dataclass
+class Variant:
+    """One line of a suite: a name and its config overrides (``{ref}`` = the seed's reference run)."""
+
+    name: str
+    overrides: list[str]
+    workers: int
+    group: str = ""
+
+
+@dataclass
+class Suite:
+    title: str
+    base: list[str]  # overrides shared by every variant
+    variants: list[Variant] = field(default_factory=list)
+    reference: str | None = None  # name of the variant whose run controlled variants follow
+
+
+def _base(quick: bool, epochs: int) -> list[str]:
+    # lr 0.01 per worker scaled linearly (the papers scale 0.1 per 64 samples), warm-up, decay at 50 % and 75 %
+    size = ["num_samples=1000", "batch_size=16"] if quick else ["num_samples=20000", "batch_size=16"]
+    return [*size, f"epochs={epochs}", f"milestones=[{epochs / 2},{epochs * 3 / 4}]", "lr=0.01",
+            "lr_scaling=linear", f"warmup_epochs={0 if quick else 2}", "momentum=0.9", "nesterov=true",
+            "weight_decay=1e-4", "eval_every=5" if not quick else "eval_every=4", "model=cnn1d"]
+
+
+def ring_scaling(quick: bool) -> Suite:
+    """All-Reduce vs ring vs one-peer exponential graph as n grows (Kong et al.: the gap grows with n)."""
+    sizes = (4, 8) if quick else (16, 32, 64)  # quick: 1000 samples leave 100 per worker at n = 8
+    suite = Suite("ring-scaling: test accuracy and Ξ² as n grows", _base(quick, 4 if quick else 30))
+    for n in sizes:
+        suite.variants += [
+            Variant(f"allreduce n={n}", ["algorithm=allreduce"], n, f"n={n}"),
+            Variant(f"ring n={n}", ["algorithm=gossip", "topology=ring"], n, f"n={n}"),
+            Variant(f"one-peer-exp n={n}", ["algorithm=gossip", "topology=one-peer-exponential"], n, f"n={n}"),
+        ]
+    return suite
+
+
+def consensus_phases(quick: bool) -> Suite:
+    """Kong et al.'s phase study: which phase needs a small Ξ (ring, phases = lr phases)."""
+    n = 8 if quick else 32
+    suite = Suite(f"consensus-phases: ring, n = {n}", _base(quick, 4 if quick else 30), reference="ring")
+    gossip = ["algorithm=gossip", "topology=ring"]
+    suite.variants = [
+        Variant("allreduce", ["algorithm=allreduce"], n),
+        Variant("ring", gossip, n),
+        Variant("dec-phase-1", [*gossip, "phases=[gossip,allreduce,allreduce]"], n),
+        Variant("dec-phase-2", [*gossip, "phases=[allreduce,gossip,allreduce]"], n),
+        Variant("dec-phase-3", [*gossip, "phases=[allreduce,allreduce,gossip]"], n),
+    ]
+    for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25)):
+        suite.variants.append(Variant(
+            f"ctrl-phase-1 c={label}",
+            [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}",
+             f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
+    return suite
+
+
+SUITES: dict[str, Callable[[bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases}
+
+
+def _slug(name: str) -> str:
+    return name.replace(" ", "_").replace("=", "").replace("/", "-")
+
+
+def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
+    """Mean Ξ² over the steps of each learning-rate phase."""
+    sums, counts = [0.0] * (len(boundaries) + 1), [0] * (len(boundaries) + 1)
+    for line in metrics_file.read_text().splitlines():
+        row = json.loads(line)
+        k = sum(row["epoch"] > b for b in boundaries)
+        sums[k] += row["consensus_distance_sq"]
+        counts[k] += 1
+    return [s / max(c, 1) for s, c in zip(sums, counts)]
+
+
+def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print) -> Path:
+    """Run every variant for every seed into ``out``; write results.md and the Ξ² plot."""
+    suite = SUITES[name](quick)
+    configs = {}
+    for v in suite.variants:  # check every config before training anything
+        configs[v.name] = load_config(None, [*suite.base, f"workers={v.workers}",
+                                             *[o.replace("{ref}", "REF") for o in v.overrides]])
+    for seed in range(seeds):
+        for v in suite.variants:
+            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
+            overrides = [*suite.base, f"workers={v.workers}", f"seed={seed}",
+                         *[o.replace("{ref}", str(ref)) for o in v.overrides]]
+            log(f"[{name}] seed {seed}: {v.name}")
+            train_run(load_config(None, overrides), out / f"{_slug(v.name)}-seed{seed}")
+    results = out / "results.md"
+    results.write_text(_results_table(suite, configs, out, seeds, name, quick))
+    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
+                   configs[suite.variants[0].name].milestones, out / "consensus.png", suite.title)
+    return results
+
+
+def _mean_std(values: list[float], fmt: str) -> str:
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
+
+
+def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, name: str, quick: bool) -> str:
+    boundaries = configs[suite.variants[0].name].milestones
+    phases = len(boundaries) + 1
+    head = ["variant", "test acc (x̄)", *[f"mean Ξ² phase {k + 1}" for k in range(phases)],
+            "comm rounds", "extra gossip rounds"]
+    lines = [f"# {suite.title}", "",
+             f"Command: `gossamer repro {name} --seeds {seeds}{' --quick' if quick else ''}`; "
+             f"mean ± std over {seeds} seed(s). Base config: `{' '.join(suite.base)}`.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in suite.variants:
+        runs = [out / f"{_slug(v.name)}-seed{s}" for s in range(seeds)]
+        summaries = [read_summary(r) for r in runs]
+        per_phase = [phase_means(r / "metrics.jsonl", boundaries) for r in runs]
+        cells = [v.name, _mean_std([s["test_accuracy"] for s in summaries], "{:.4f}"),
+                 *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
+                 _mean_std([s["comm_rounds"] for s in summaries], "{:.0f}"),
+                 _mean_std([s["extra_gossip_rounds"] for s in summaries], "{:.0f}")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n"

@@ -1,0 +1,23 @@
+"""The repro suites in their --quick form: every variant runs, results.md and the plot appear."""
+
+import pytest
+
+from gossamer.cli import main
+from gossamer.repro import SUITES
+
+
+@pytest.mark.parametrize("suite", sorted(SUITES))
+def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
+    out = tmp_path / suite
+    assert main(["repro", suite, "--quick", "--out", str(out)]) == 0
+    table = (out / "results.md").read_text()
+    for variant in SUITES[suite](True).variants:
+        assert f"| {variant.name} |" in table
+    assert (out / "consensus.png").stat().st_size > 10_000
+    assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
+    if suite == "consensus-phases":  # control bought a smaller phase-1 Ξ² with extra rounds
+        rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()
+                if line.startswith("| ")}
+        ring, ctrl = rows["ring"], rows["ctrl-phase-1 c=1/4"]
+        assert float(ctrl[2].split(" ± ")[0]) < float(ring[2].split(" ± ")[0])
+        assert float(ctrl[-1].split(" ± ")[0]) > 0
