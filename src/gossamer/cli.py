@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import load_config
+from .config import ConfigError, load_config
 from .report import RunDir, comparison_table, read_summary
 from .topology import analyse, build_topology
 from .train import Diverged, build_run, train
@@ -29,6 +29,11 @@ def _fail(message: str, code: int) -> int:
     return code
 
 
+def _rank() -> int:
+    """This process's rank under torchrun (0 without it)."""
+    return int(os.environ.get("RANK", 0))
+
+
 def _default_out(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -36,25 +41,62 @@ def _default_out(prefix: str) -> Path:
 def run_training(cfg, out: Path, overwrite: bool, progress: bool = True) -> dict:
     """Train one config into a run directory and return its summary.
 
-    The run is built (and so every option checked) before the directory is touched."""
+    The run is built (and so every option checked) before the directory is touched. With
+    ``engine: dist`` every process trains its block of workers and only rank 0 writes."""
+    if cfg.engine == "dist":
+        return _run_training_dist(cfg, out, overwrite, progress)
     run = build_run(cfg)
     run_dir = RunDir(out, overwrite)
-    run_dir.write_config(cfg)
+    return _train_into(cfg, run, run_dir, out, progress, run_dir.checkpoint)
+
+
+def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, on_checkpoint) -> dict:
+    if run_dir:
+        run_dir.write_config(cfg)
     try:
-        summary = train(cfg, run, on_row=run_dir.row, on_checkpoint=run_dir.checkpoint, progress=progress)
+        summary = train(cfg, run, on_row=run_dir.row if run_dir else lambda row: None,
+                        on_checkpoint=on_checkpoint, progress=progress)
     except Diverged as e:
         kept = "; last good state kept in " + str(out / "checkpoint.pt") if (out / "checkpoint.pt").exists() else ""
         raise Diverged(f"{e}{kept}") from None
     finally:
-        run_dir.close()
-    run_dir.write_summary(summary)
+        if run_dir:
+            run_dir.close()
+    if run_dir:
+        run_dir.write_summary(summary)
     return summary
+
+
+def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool) -> dict:
+    """engine: dist — this process's block of workers; options fail alike on every rank (the first
+    rank's error); rank 0 alone writes the run directory, with the full gathered checkpoint."""
+    from .engines.dist import DistEngine, Terminated, on_sigterm_raise
+    from .train import resolve_device
+
+    engine = DistEngine(cfg.workers, cfg.dist_backend, cfg.dist_timeout, resolve_device(cfg.device))
+    try:
+        with on_sigterm_raise():
+            run = engine.agree(lambda: build_run(cfg, engine))
+            run_dir = engine.agree(lambda: RunDir(out, overwrite) if engine.rank == 0 else None)
+
+            def checkpoint(state: dict) -> None:
+                full = engine.gather_state(state)
+                if run_dir:
+                    run_dir.checkpoint(full)
+
+            return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0, checkpoint)
+    except Terminated:  # torchrun stops the others when one process fails: say which one
+        raise engine.lost("stopped by the launcher") from None
+    finally:
+        engine.close()
 
 
 def cmd_train(args) -> int:
     cfg = load_config(args.config, args.set)
     out = Path(args.out) if args.out else _default_out(f"{cfg.algorithm}-n{cfg.workers}")
     summary = run_training(cfg, out, args.overwrite, progress=not args.quiet)
+    if cfg.engine == "dist" and _rank() != 0:
+        return 0
     print(json.dumps({k: summary[k] for k in ("test_accuracy", "test_accuracy_local_mean",
                                                 "final_consensus_distance_sq", "comm_rounds")}))
     print(f"run written to {out}")
@@ -93,6 +135,20 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_repro(args) -> int:
+    """A paper experiment suite: every variant × seed, then results.md and a Ξ² plot."""
+    from .repro import run_suite
+
+    out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
+    results = run_suite(args.suite, out, args.seeds, args.quick,
+                        lambda cfg, run_out: run_training(cfg, run_out, overwrite=True, progress=False))
+    print(results.read_text())
+    print(f"results written to {results}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gossamer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -121,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--epochs", type=int, help="epochs per run (default: the config default, 40)")
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
+
+    r = sub.add_parser("repro", help="the papers' experiments at small scale: ring-scaling, consensus-phases")
+    r.add_argument("suite", choices=["ring-scaling", "consensus-phases"])
+    r.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std over them)")
+    r.add_argument("--out", help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
+    r.add_argument("--quick", action="store_true", help="tiny smoke-test version (under a minute)")
+    r.add_argument("--overwrite", action="store_true", help="reuse a non-empty --out")
+    r.set_defaults(func=cmd_repro)
     return p
 
 
@@ -131,9 +195,17 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # ConfigError, TopologyError and bad data/model names
         if os.environ.get("GOSSAMER_DEBUG"):
             raise
-        return _fail(str(e), 2)
+        return _fail(str(e), 2) if _rank() == 0 else 2  # dist: every rank fails alike, rank 0 says it
     except Diverged as e:
-        return _fail(str(e), 1)
+        return _fail(str(e), 1) if _rank() == 0 else 1
+    except RuntimeError as e:
+        from .engines.dist import PeerLost
+        if not isinstance(e, PeerLost):
+            raise
+        _fail(str(e), 1)  # every surviving rank says which rank it lost, then leaves at once
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
 

@@ -71,6 +71,10 @@ def build_run(cfg: Config, engine=None) -> Run:
     device = resolve_device(cfg.device)
     topology = build_topology(cfg.topology, cfg.workers, seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
     dtype = getattr(torch, cfg.dtype)
+    if engine is None and cfg.engine == "dist":
+        from .engines.dist import DistEngine
+
+        engine = DistEngine(cfg.workers, cfg.dist_backend, cfg.dist_timeout, device)
     engine = engine or SimEngine(cfg.workers)
     data = load_dataset(cfg.dataset, cfg.num_samples, seed=MNIST1D_SEED)
     data = type(data)(data.x_train.to(device, dtype), data.y_train.to(device),
@@ -155,7 +159,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
                    "grad_norm_sq": phi_sq, "grad_norm_sq_ema": grad_norm_sq_ema, **metrics}
             extra_rounds += metrics.get("extra_gossip_rounds", 0)
             if s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
-                _check_finite(w, t)
+                _check_finite(w, e, t)
                 row.update(evaluate(run))
                 row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
                 on_checkpoint({"step": t + 1, "X": w.X, "B": w.B, "optimizer": run.opt_state})
@@ -180,6 +184,8 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
     }
 
 
-def _check_finite(w: WorkerMatrix, t: int) -> None:
-    if not (torch.isfinite(w.X).all() and torch.isfinite(w.B).all()):
+def _check_finite(w: WorkerMatrix, e, t: int) -> None:
+    """All processes agree: any worker's NaN/inf stops every process."""
+    bad = ~(torch.isfinite(w.X).all(1) & torch.isfinite(w.B).all(1))
+    if e.mean_scalar(bad.to(w.X.dtype)) > 0:
         raise Diverged(f"training diverged: parameters are NaN/inf after step {t + 1}")

@@ -1,0 +1,266 @@
+"""engine: dist — real processes (gloo on CPU, loopback only) give the simulator's numbers.
+
+Process launches are the cost here (a torch import per process), so each launch does a lot:
+one launch per process count runs the engine checks and every parity case (tests/dist_scripts/
+parity.py), compared here with the same cases trained by the simulator.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from gossamer.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
+SMALL = ["workers=4", "epochs=1", "batch_size=16", "num_samples=1000", "lr=0.05", "momentum=0.9",
+         "nesterov=true", "dtype=float64", "grad_backend=loop"]
+FAST = ["grad_backend=loop"]  # the per-worker module loop: the fast gradients for the small CNN
+
+# (name, overrides): each runs on 4 processes and on 2 (2 workers each), compared with engine=sim.
+PARITY_CASES = [
+    ("allreduce", ["algorithm=allreduce"]),
+    ("local", ["algorithm=local", "local_steps=3"]),
+    ("gossip-ring", ["algorithm=gossip", "topology=ring"]),
+    ("gossip-one-peer-exponential", ["algorithm=gossip", "topology=one-peer-exponential"]),
+    ("post-local", ["algorithm=post-local", "switch_step=6", "local_steps=2"]),
+    ("hierarchical", ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2"]),
+    ("local-ef-sign", ["algorithm=local", "local_steps=2", "compression=ef-sign"]),
+    ("gossip-controlled", ["algorithm=gossip", "topology=ring", "consensus.target=constant", "consensus.value=0.01"]),
+    ("gossip-phases", ["algorithm=gossip", "topology=one-peer-exponential", "phases=[allreduce,gossip]",
+                       "phase_epochs=[0.5]"]),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(procs: int, argv: list[str], cwd: Path, **env_extra) -> list[subprocess.Popen]:
+    """``procs`` processes of ``python ARGV`` with torchrun's environment (one node, loopback)."""
+    port = free_port()
+    out = []
+    for rank in range(procs):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(procs),
+               "LOCAL_WORLD_SIZE": str(procs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               "OMP_NUM_THREADS": "1", **env_extra}
+        out.append(subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return out
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
+    try:
+        return [(p.wait(timeout), *p.communicate()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def torchrun(procs: int, *argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           "--nproc-per-node", str(procs), *argv], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def sets(overrides: list[str]) -> list[str]:
+    return [a for o in overrides for a in ("--set", o)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """In-process simulator runs use one thread, like each launched process (OMP_NUM_THREADS=1):
+    while the launched processes busy the two cores, a second OpenMP thread only spins."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- parity: 4 and 2 processes
+
+
+@pytest.fixture(scope="module")
+def sim_runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sim")
+    for name, overrides in PARITY_CASES:
+        assert main(["train", "--quiet", "--out", str(root / name), *sets(SMALL + overrides)]) == 0
+    return root
+
+
+ACCEPTANCE = ["workers=4", "epochs=1", "num_samples=1000", "algorithm=gossip", *FAST]  # float32, CLI defaults
+
+
+@pytest.fixture(scope="module")
+def dist_runs(tmp_path_factory):
+    """{procs: run root}, launched on first use: one launch per process count runs every case.
+    2 processes go through torchrun (its agent hosts the store); 4 are started directly with
+    torchrun's environment (rank 0 hosts the store)."""
+    roots = {}
+
+    def get(procs: int) -> Path:
+        if procs not in roots:
+            root = tmp_path_factory.mktemp(f"dist{procs}")
+            cases = [[name, SMALL + o] for name, o in PARITY_CASES] + [["acceptance", ACCEPTANCE]]
+            (root / "cases.json").write_text(json.dumps(cases))
+            argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
+            if procs == 2:
+                proc = torchrun(procs, *argv, cwd=root, timeout=240)
+                results = [(proc.returncode, proc.stdout, proc.stderr)]
+                # rank 0 alone prints, once per run
+                assert proc.stdout.count("run written to") == len(cases), proc.stdout
+            else:
+                results = finish(spawn(procs, argv, cwd=root), 240)
+            for code, out, err in results:
+                assert code == 0, err[-3000:]
+            roots[procs] = root
+        return roots[procs]
+    return get
+
+
+def summary_of(run: Path) -> dict:
+    s = json.loads((run / "summary.json").read_text())
+    s.pop("wall_seconds")
+    return s
+
+
+def assert_same_summary(a: dict, b: dict, rel: float) -> None:
+    """Counts, bytes and accuracies equal; losses and Ξ² to float rounding (they are sums taken in
+    another order across processes)."""
+    assert a.keys() == b.keys()
+    for key in a:
+        if isinstance(a[key], float) and ("loss" in key or "consensus" in key or "theta" in key):
+            assert a[key] == pytest.approx(b[key], rel=rel, abs=1e-20), key
+        else:
+            assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("procs", [4, 2])
+@pytest.mark.parametrize("name", [name for name, _ in PARITY_CASES])
+def test_dist_matches_the_simulator(name, procs, sim_runs, dist_runs):
+    sim, dist_ = sim_runs / name, dist_runs(procs) / name
+    a, b = torch.load(sim / "checkpoint.pt"), torch.load(dist_ / "checkpoint.pt")
+    assert b["X"].shape == a["X"].shape == (4, a["X"].shape[1])  # rank 0 saved the full gathered matrix
+    assert (b["X"] - a["X"]).abs().max() < 1e-5
+    assert (b["X"] - a["X"]).abs().max() < 1e-10  # in float64 the difference is rounding only
+    for key, value in a["optimizer"].items():
+        assert (b["optimizer"][key] - value).abs().max() < 1e-10, key
+    assert_same_summary(summary_of(sim), summary_of(dist_), rel=1e-9)
+    rows = [json.loads(line) for line in (dist_ / "metrics.jsonl").read_text().splitlines()]
+    assert [r["comm_rounds"] for r in rows] == [json.loads(line)["comm_rounds"]
+                                                 for line in (sim / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("procs", [4, 2])
+def test_every_operator_matches_the_simulator(procs, dist_runs):
+    """allreduce, block means (inside and across processes), gossip on static and time-varying
+    graphs, packed sign averaging, x̄, Ξ², scalar means: the simulator's rows and the same counts."""
+    for rank in range(procs):
+        report = json.loads((dist_runs(procs) / f"engine-rank{rank}.json").read_text())
+        for n, r in report.items():
+            assert r["comm_equal"], (rank, n)
+            bad = {op: diff for op, diff in r["diffs"].items() if not diff <= 1e-12}
+            assert not bad, (rank, n, bad)
+
+
+def test_ring_gossip_sends_two_messages_of_d_floats_and_allreduce_counts_the_ring_volume(dist_runs):
+    """One worker per process (n = P = 4): a ring round sends d values to each of the 2 neighbours."""
+    for rank in range(4):
+        r = json.loads((dist_runs(4) / f"engine-rank{rank}.json").read_text())["n=4"]
+        sent = r["ring_sent"]
+        assert sent["messages"] == 2 * sent["rounds"]
+        assert sent["values"] == 2 * sent["d"] * sent["rounds"]
+    s = summary_of(dist_runs(4) / "allreduce")
+    n, d = 4, s["parameters"]
+    assert s["bytes_per_worker"] == pytest.approx(s["steps"] * 2 * d * (n - 1) / n * 4)
+    g = summary_of(dist_runs(4) / "gossip-ring")
+    assert g["bytes_per_worker"] == pytest.approx(g["steps"] * 2 * d * 4)
+    assert g["messages_per_worker"] == 2 * g["steps"]
+
+
+# ---------------------------------------------------------------- the command line under torchrun
+
+
+@pytest.mark.parametrize("procs", [2, 4])
+def test_the_cli_gives_the_simulators_summary_in_float32(tmp_path, procs, dist_runs):
+    """The issue's acceptance check: ``gossamer train`` with engine=dist under torchrun and the same
+    command with engine=sim, in the default float32."""
+    assert main(["train", "--quiet", "--out", str(tmp_path / "sim"), *sets(ACCEPTANCE)]) == 0
+    run = dist_runs(procs) / "acceptance"
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
+    assert_same_summary(summary_of(tmp_path / "sim"), summary_of(run), rel=1e-5)
+    sim_x, dist_x = torch.load(tmp_path / "sim" / "checkpoint.pt")["X"], torch.load(run / "checkpoint.pt")["X"]
+    assert (dist_x - sim_x).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_bad_input_fails_alike_on_every_rank_and_rank_0_says_it_once(tmp_path, capsys, monkeypatch, rank):
+    """Checked before any process group forms, so one process per rank suffices (in-process here)."""
+    for key, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": 2, "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(key, str(value))
+    code = main(["train", "--quiet", "--set", "engine=dist", "--set", "workers=3", "--out", str(tmp_path / "never")])
+    err = capsys.readouterr().err
+    assert code == 2
+    if rank == 0:
+        assert err.count("\n") == 1 and err.startswith("gossamer: error:")
+        assert "workers (3)" in err and "processes (2)" in err
+    else:
+        assert err == ""
+    assert not (tmp_path / "never").exists()
+
+
+# ---------------------------------------------------------------- failures: never a hang
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_lost_process_stops_the_others_within_the_timeout_naming_it(tmp_path, how):
+    """3 processes; rank 1 is killed (its connections close) or stopped (it stops answering). The
+    others exit non-zero within dist_timeout, each with one line naming rank 1."""
+    timeout = 6
+    procs = spawn(3, ["-m", "gossamer", "train", "--quiet", "--set", "engine=dist", "--set", "workers=3",
+                      "--set", "epochs=500", "--set", "num_samples=1000", "--set", "algorithm=gossip",
+                      "--set", f"dist_timeout={timeout}", *sets(FAST), "--out", "run"], cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not (tmp_path / "run" / "checkpoint.pt").exists():  # training is under way on all ranks
+            assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        os.kill(procs[1].pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        lost_at = time.monotonic()
+        for rank in (0, 2):
+            code = procs[rank].wait(timeout + 5)
+            elapsed = time.monotonic() - lost_at
+            err = procs[rank].communicate()[1]
+            assert code == 1, err
+            assert elapsed <= timeout, elapsed
+            lines = err.strip().splitlines()
+            assert len(lines) == 1, err
+            assert lines[0].startswith("gossamer: error:") and "lost rank 1 of 3" in lines[0], err
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.communicate()
+
+
+# ---------------------------------------------------------------- the library API
+
+
+def test_example_trains_a_plain_model_with_the_averager_under_torchrun(tmp_path):
+    proc = torchrun(2, str(ROOT / "examples" / "averager.py"), "--steps", "60", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["final_loss"] < 0.5 * result["first_loss"]
+    assert 0 <= result["consensus_distance_sq"] < 1e-3
