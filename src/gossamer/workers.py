@@ -6,16 +6,37 @@ communicated). Each worker also has an ordinary ``nn.Module`` replica whose para
 into its row of ``X`` and whose ``.grad`` tensors are views into its row of ``G``: backward writes
 straight into ``G`` and every optimizer or communication operator is a row-wise tensor op, with
 no copies between modules and matrices. Operators must therefore update ``X`` in place.
+
+Two gradient backends compute the same per-worker losses and gradients (tests/test_workers.py):
+
+- ``loop``: forward and backward of each replica in turn; backward writes into its row of G.
+  One worker's activations are alive at a time, so memory is n models + one set of activations.
+- ``vmap``: ``torch.func.vmap`` of ``functional_call`` over X viewed per parameter [m, *shape]
+  and the batches [m, b, ...]: one batched forward for all workers (a grouped conv, a batched
+  matmul), then one ordinary backward that accumulates into G's column blocks. Under vmap,
+  BatchNorm does not write its running statistics back into batched buffers, so models with
+  floating buffers use ``loop``.
+
+``auto`` picks ``loop`` for models with floating buffers, for one worker, and for float64
+convolutional models with fewer than 8 workers (no oneDNN kernel for float64: the vmapped grouped
+convolution lost to the loop there); else ``vmap``, which was 2.3-5.4x faster than the loop for the
+MLP and the 1-D CNN in float32 at n = 16 and 64 on 2 CPU cores (docs/benchmarks.md, benchmark 4):
+the loop pays the fixed per-op cost of tiny ops n times. The rule is fixed, not timed at run
+time, so that the same config always takes the same path (and gives the same numbers).
 """
 
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call, vmap
+
+BACKENDS = ("auto", "loop", "vmap")
 
 
 @dataclass(frozen=True)
@@ -74,7 +95,10 @@ class WorkerMatrix:
         self.X = x0.to(device).repeat(m, 1)
         self.G = torch.zeros_like(self.X)
         self.B = b0.to(device).repeat(m, 1)
-        self.replicas = [self._bind(copy.deepcopy(self.template), i) for i in range(m)]
+        self.replicas = [self._bind(copy.deepcopy(self.template), i).train() for i in range(m)]
+        self.backend = choose_backend(self.template, m, backend)
+        if self.backend == "vmap":
+            self._vmap_init()
 
     @property
     def m(self) -> int:
@@ -93,13 +117,44 @@ class WorkerMatrix:
         """Cross-entropy of each worker on its batch (x [m, b, ...], y [m, b]); gradients land in G.
 
         Returns the per-worker losses [m]."""
-        self.G.zero_()
-        losses = []
+        if self.backend == "vmap":
+            return self._loss_and_grad_vmap(x, y)
+        self.G.zero_()  # backward accumulates into the .grad views
+        losses = torch.empty(self.m, dtype=self.X.dtype, device=self.X.device)
         for i, model in enumerate(self.replicas):
-            model.train()
-            losses.append(F.cross_entropy(model(x[i]), y[i]))
-        losses = torch.stack(losses)
-        losses.sum().backward()  # the losses are independent: d(sum)/dx_i = d(loss_i)/dx_i
+            loss = F.cross_entropy(model(x[i]), y[i])
+            loss.backward()  # frees worker i's activations before worker i + 1 runs
+            losses[i] = loss.detach()
+        return losses
+
+    def _vmap_init(self) -> None:
+        m, template = self.m, self.template
+        # per parameter, a leaf [m, *shape] that shares storage with X's column block (no copy) and
+        # whose .grad is the same block of G: backward accumulates straight into G, as in the loop
+        self._leaves = {}
+        for s in self.param_slots:
+            leaf = self.X[:, s.offset : s.offset + s.numel].view(m, *s.shape).detach().requires_grad_()
+            leaf.grad = self.G[:, s.offset : s.offset + s.numel].view(m, *s.shape)
+            self._leaves[s.name] = leaf
+        # non-floating buffers (e.g. BatchNorm's num_batches_tracked) are passed, unbatched
+        others = {n: b for n, b in template.named_buffers() if not b.is_floating_point()}
+
+        def loss(params, x, y):
+            return F.cross_entropy(functional_call(template, (params, others), (x,)), y)
+
+        # vmap of the forward only; the backward is ordinary autograd through the batched ops (a
+        # grad transform inside vmap would import torch._dynamo, ~1 s of start-up, and copy into G)
+        self._vmapped_loss = vmap(loss)
+
+    def _loss_and_grad_vmap(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        self.G.zero_()
+        self.template.train()
+        losses = self._vmapped_loss(self._leaves, x, y)
+        with warnings.catch_warnings():
+            # the leaves are column blocks of X (row stride d), their grads the same blocks of G:
+            # autograd warns that this layout is not the dense one it prefers, and accumulates anyway
+            warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
+            losses.sum().backward()  # the losses are independent: d(sum)/dx_i = d(loss_i)/dx_i
         return losses.detach()
 
     def tensor_views(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -122,3 +177,22 @@ class WorkerMatrix:
         for s in self.buffer_slots:
             _set_tensor(model, s.name, buffers[s.offset : s.offset + s.numel].view(s.shape), parameter=False)
         return model.eval()
+
+
+def choose_backend(model: nn.Module, m: int, backend: str = "auto") -> str:
+    """The gradient backend for ``m`` replicas of ``model``: ``loop`` or ``vmap`` (see module doc)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"grad_backend must be one of {', '.join(BACKENDS)}; got '{backend}'")
+    has_buffers = bool(_float_buffers(model))
+    if backend == "vmap" and has_buffers:
+        raise ValueError("grad_backend 'vmap' cannot update the model's BatchNorm running statistics "
+                         "(floating buffers); use grad_backend=loop or auto")
+    if backend == "auto":
+        if has_buffers or m == 1:
+            return "loop"
+        # float64 convolutions have no oneDNN kernel; their grouped (vmapped) fallback lost to the
+        # loop below 8 workers (1.5x at n = 2 and 4, CNN1D), and won from n = 16 on
+        convs = any(isinstance(mod, nn.modules.conv._ConvNd) for mod in model.modules())
+        float64 = any(p.dtype == torch.float64 for p in model.parameters())
+        return "loop" if convs and float64 and m < 8 else "vmap"
+    return backend
