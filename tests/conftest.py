@@ -11,11 +11,18 @@ def small_config(*overrides: str):
                               "momentum=0.0", "nesterov=false", "dtype=float64", *overrides])
 
 
-def train_final(*overrides: str):
-    """Train a small config; return (summary, run) so tests can read the final rows."""
+def train_rows(*overrides: str):
+    """Train a small config; return (metric rows, summary, run) so tests can read the final rows."""
     cfg = small_config(*overrides)
-    run = build_run(cfg)
-    return train(cfg, run), run
+    run, rows = build_run(cfg), []
+    summary = train(cfg, run, on_row=rows.append)
+    return rows, summary, run
+
+
+def train_final(*overrides: str):
+    """(summary, run) of a small training."""
+    _, summary, run = train_rows(*overrides)
+    return summary, run
 
 
 @pytest.fixture(autouse=True)

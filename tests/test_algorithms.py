@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import small_config, train_final
+from conftest import small_config, train_final, train_rows
 from gossamer.algorithms import ModelSync
 from gossamer.consensus import Step
 from gossamer.compression import pack_bits, sign_compress, sign_decompress, unpack_bits
@@ -19,9 +19,7 @@ S = 12  # steps per epoch of the small config (800 samples, 4 workers, batch 16)
 
 def rows_of(*overrides):
     """Per-step metric rows and the final run of a small training."""
-    cfg = small_config(*overrides)
-    run, rows = build_run(cfg), []
-    train(cfg, run, on_row=rows.append)
+    rows, _, run = train_rows(*overrides)
     return rows, run
 
 

@@ -8,21 +8,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import small_config
+from conftest import small_config, train_rows
 from gossamer.cli import main
 from gossamer.config import ConfigError
 from gossamer.consensus import Controller, Step, ema
 from gossamer.engines.sim import SimEngine
 from gossamer.topology import build_topology, round_p
-from gossamer.train import build_run, train
+from gossamer.train import build_run
 
 S = 12  # steps per epoch of the small config
 
 
 def rows_of(*overrides):
-    cfg = small_config(*overrides)
-    run, rows = build_run(cfg), []
-    summary = train(cfg, run, on_row=rows.append)
+    rows, summary, _ = train_rows(*overrides)
     return rows, summary
 
 

@@ -247,13 +247,18 @@ def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
         raise TopologyError(f"topology '{name}' needs degree D < n, got D = {d}, n = {n}")
     if (n * d) % 2:
         raise TopologyError(f"topology '{name}' needs n·D even, got n = {n}, D = {d}")
+    return _first_connected(lambda s: nx.random_regular_graph(d, n, seed=s), f"{name}:{d}", n, seed, "D")
+
+
+def _first_connected(draw, spec: str, n: int, seed: int, knob: str) -> Mixing:
+    """Metropolis–Hastings weights of the first connected graph draw(seed), draw(seed + 1), ..."""
     for s in range(seed, seed + _MAX_TRIES):
-        g = nx.random_regular_graph(d, n, seed=s)
+        g = draw(s)
         if nx.is_connected(g):
             return _metropolis_hastings(g, n)
     raise TopologyError(
-        f"topology '{name}:{d}' gave no connected graph for n = {n} in {_MAX_TRIES} seeds "
-        f"from {seed}; use a larger D"
+        f"topology '{spec}' gave no connected graph for n = {n} in {_MAX_TRIES} seeds "
+        f"from {seed}; use a larger {knob}"
     )
 
 
@@ -270,14 +275,7 @@ def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
             ) from None
     if not (0.0 < q <= 1.0):
         raise TopologyError(f"topology '{name}' needs edge probability 0 < Q <= 1, got Q = {q}")
-    for s in range(seed, seed + _MAX_TRIES):
-        g = nx.erdos_renyi_graph(n, q, seed=s)
-        if nx.is_connected(g):
-            return _metropolis_hastings(g, n)
-    raise TopologyError(
-        f"topology '{name}:{q}' gave no connected graph for n = {n} in {_MAX_TRIES} seeds "
-        f"from {seed}; use a larger Q"
-    )
+    return _first_connected(lambda s: nx.erdos_renyi_graph(n, q, seed=s), f"{name}:{q}", n, seed, "Q")
 
 
 def _edges(n: int, path: str | None) -> Mixing:
