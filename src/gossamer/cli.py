@@ -143,7 +143,8 @@ def cmd_repro(args) -> int:
     if out.is_dir() and any(out.iterdir()) and not args.overwrite:
         raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
     results = run_suite(args.suite, out, args.seeds, args.quick,
-                        lambda cfg, run_out: run_training(cfg, run_out, overwrite=True, progress=False))
+                        lambda cfg, run_out: run_training(cfg, run_out, overwrite=True, progress=False),
+                        overrides=args.set)
     print(results.read_text())
     print(f"results written to {results}")
     return 0
@@ -183,6 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std over them)")
     r.add_argument("--out", help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
     r.add_argument("--quick", action="store_true", help="tiny smoke-test version (under a minute)")
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="change the suite's base config for every variant (e.g. lr=0.005)")
     r.add_argument("--overwrite", action="store_true", help="reuse a non-empty --out")
     r.set_defaults(func=cmd_repro)
     return p
