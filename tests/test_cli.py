@@ -66,6 +66,7 @@ def test_same_config_and_seed_give_identical_summaries(tmp_path, capsys):
     (["--set", "batch_size=1000"], "batch_size"),
     (["--set", "model=resnet9000"], "unknown model"),
     (["no-such-config.yaml"], "does not exist"),
+    (["--set", "engine=dist"], "engine 'dist' runs under torchrun"),
 ])
 def test_bad_options_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
     out = tmp_path / "never"

@@ -126,6 +126,10 @@ class DistEngine:
         self._op_timeout = timedelta(seconds=max(self.timeout - self._window - max(1.5, 0.15 * self.timeout),
                                                  self.timeout / 2))
         self._owns_group = not dist.is_initialized()
+        missing = [v for v in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+        if self._owns_group and missing:
+            raise ValueError(f"engine 'dist' runs under torchrun ({', '.join(missing)} not set): "
+                             f"torchrun --standalone --nproc-per-node P -m gossamer train ..., or use engine=sim")
         if self.device.type == "cuda":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
             if self.device.index is None:
