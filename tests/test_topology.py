@@ -232,24 +232,17 @@ def test_errors(tmp_path):
     _raises("ring", -3, "n >= 1")
     _raises("edges", 4, "'edges'", "edges:FILE")
     _raises(f"edges:{tmp_path / 'nope.txt'}", 4, "'edges'", "not found")
-    bad = tmp_path / "bad.txt"
-    bad.write_text("0 1\n1 x\n")
-    _raises(f"edges:{bad}", 4, "'edges'", "line 2")
-    three = tmp_path / "three.txt"
-    three.write_text("0 1 2\n")
-    _raises(f"edges:{three}", 4, "'edges'", "line 1")
-    rng = tmp_path / "range.txt"
-    rng.write_text("0 1\n1 4\n")
-    _raises(f"edges:{rng}", 4, "'edges'", "line 2", "out of range")
-    neg = tmp_path / "neg.txt"
-    neg.write_text("0 -1\n")
-    _raises(f"edges:{neg}", 4, "'edges'", "out of range")
-    disc = tmp_path / "disc.txt"
-    disc.write_text("0 1\n2 3\n")
-    _raises(f"edges:{disc}", 4, "'edges'", "not connected")
-    iso = tmp_path / "iso.txt"
-    iso.write_text("0 1\n1 2\n")
-    _raises(f"edges:{iso}", 4, "'edges'", "not connected")
+    for name, text, fragments in [
+        ("bad", "0 1\n1 x\n", ("line 2",)),
+        ("three", "0 1 2\n", ("line 1",)),
+        ("range", "0 1\n1 4\n", ("line 2", "out of range")),
+        ("neg", "0 -1\n", ("out of range",)),
+        ("disc", "0 1\n2 3\n", ("not connected",)),
+        ("iso", "0 1\n1 2\n", ("not connected",)),
+    ]:
+        edges = tmp_path / f"{name}.txt"
+        edges.write_text(text)
+        _raises(f"edges:{edges}", 4, "'edges'", *fragments)
 
 
 def test_check_doubly_stochastic():
