@@ -38,7 +38,8 @@ def main():
     torch.manual_seed(0)
     true_w = torch.randn(8, 1)  # the same problem everywhere; the data shards differ per rank
     model = TinyNet()
-    averager = Averager(model, algorithm=args.algorithm, topology=args.topology, local_steps=args.local_steps)
+    options = {"gossip": {"topology": args.topology}, "local": {"local_steps": args.local_steps}}
+    averager = Averager(model, algorithm=args.algorithm, **options.get(args.algorithm, {}))
     rank = averager.engine.rank
     torch.manual_seed(1 + rank)
     x = torch.randn(512, 8)

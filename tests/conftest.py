@@ -2,21 +2,30 @@ import pytest
 import torch
 
 from gossamer.config import load_config
+from gossamer.report import reference_trajectory
 from gossamer.train import build_run, train
 
 
 def small_config(*overrides: str):
-    """A seconds-long run in float64: 1000 MNIST-1D samples (800 train), 4 workers, 2 epochs."""
+    """A seconds-long run in float64: 1000 MNIST-1D samples (800 train), 4 workers, 2 epochs;
+    plain SGD unless the overrides choose another optimizer."""
+    sgd = [] if any(o.startswith("optimizer=") and o != "optimizer=sgd" for o in overrides) else \
+        ["momentum=0.0", "nesterov=false"]
     return load_config(None, ["workers=4", "epochs=2", "batch_size=16", "num_samples=1000", "lr=0.05",
-                              "momentum=0.0", "nesterov=false", "dtype=float64", *overrides])
+                              *sgd, "dtype=float64", *overrides])
 
 
 def train_rows(*overrides: str):
     """Train a small config; return (metric rows, summary, run) so tests can read the final rows."""
     cfg = small_config(*overrides)
-    run, rows = build_run(cfg), []
+    run, rows = build(cfg), []
     summary = train(cfg, run, on_row=rows.append)
     return rows, summary, run
+
+
+def build(cfg):
+    """build_run as the CLI does it: with the reference trajectory of a run:DIR target."""
+    return build_run(cfg, reference=reference_trajectory(cfg))
 
 
 def train_final(*overrides: str):

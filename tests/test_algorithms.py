@@ -6,9 +6,8 @@ import pytest
 import torch
 
 from conftest import small_config, train_final, train_rows
-from gossamer.algorithms import ModelSync
-from gossamer.consensus import Step
-from gossamer.compression import pack_bits, sign_compress, sign_decompress, unpack_bits
+from gossamer.algorithms import ModelSync, Step, switch_step
+from gossamer.codecs import SignCodec, pack_bits, unpack_bits
 from gossamer.data.partition import iid_epoch_indices
 from gossamer.engines.sim import SimEngine
 from gossamer.models import build_model
@@ -52,8 +51,8 @@ def test_post_local_after_the_switch_is_local_sgd():
 
 
 def test_post_local_switch_defaults_to_the_first_milestone():
-    assert small_config("algorithm=post-local", "milestones=[1.5]").switch_at(10) == 15
-    assert small_config("algorithm=post-local", "switch_step=7").switch_at(10) == 7
+    assert switch_step(small_config("algorithm=post-local", "milestones=[1.5]"), 10) == 15
+    assert switch_step(small_config("algorithm=post-local", "switch_step=7"), 10) == 7
 
 
 # ---------------------------------------------------------------- hierarchical
@@ -95,10 +94,12 @@ def test_block_average_leaves_other_blocks_untouched():
 
 def test_sign_compression_message():
     delta = torch.tensor([[1.0, -3.0, 0.0, 2.0, -2.0]])
-    msg = sign_compress(delta, [3, 2])
-    close(msg.scales, torch.tensor([[4 / 3, 2.0]]))
-    close(sign_decompress(msg, [3, 2]), torch.tensor([[4 / 3, -4 / 3, 4 / 3, 2.0, -2.0]]))
-    assert msg.nbytes == 1 + 2 * 4  # 5 bits in one byte, two float32 scales
+    codec = SignCodec([3, 2])
+    message = codec.encode(delta)
+    assert message.dtype == torch.uint8 and message.shape == (1, codec.nbytes())
+    close(message[:, 1:].clone(memory_format=torch.contiguous_format).view(torch.float32), torch.tensor([[4 / 3, 2.0]]))  # the scales, float32
+    close(codec.decode(message), torch.tensor([[4 / 3, -4 / 3, 4 / 3, 2.0, -2.0]]))
+    assert codec.nbytes() == 1 + 2 * 4  # 5 bits in one byte, two float32 scales
 
 
 def test_bit_packing_round_trips():
@@ -113,14 +114,15 @@ def test_error_feedback_message_plus_new_residual_is_change_plus_old_residual():
     sync = ModelSync("ef-sign", numels)
     X = torch.zeros(4, 100, dtype=torch.float64)
     sync.start(X)
-    engine = SimEngine(4)
+    engine, codec = SimEngine(4), SignCodec(numels, torch.float64)
     for _ in range(3):
-        old_ref, old_error = sync.ref["global"].clone(), sync.error["global"].clone()
+        residual = sync.compressors["global"].residual
+        old_ref, old_error = sync.ref["global"].clone(), residual.clone()
         X += torch.randn_like(X)
         change = X - old_ref
-        message = sign_decompress(sign_compress(change + old_error, numels), numels)
+        message = codec.decode(codec.encode(change + old_error))
         sync(engine, X)
-        close(message + sync.error["global"], change + old_error, tol=1e-12)
+        close(message + sync.compressors["global"].residual, change + old_error, tol=1e-12)
         close(X, old_ref + message.mean(0))  # everyone moves by the mean compressed change
 
 
@@ -142,8 +144,9 @@ def test_compressed_local_sgd_learns(compression):
 
 def test_sign_message_is_about_1_32_of_float32_for_large_tensors():
     d = 1_000_000
-    msg = sign_compress(torch.randn(1, d), [d // 2, d // 2])
-    assert msg.nbytes / (4 * d) == pytest.approx(1 / 32, rel=1e-3)
+    codec = SignCodec([d // 2, d // 2])
+    assert codec.encode(torch.randn(1, d)).shape[1] == codec.nbytes()
+    assert codec.nbytes() / (4 * d) == pytest.approx(1 / 32, rel=1e-3)
 
 
 def test_ef_sign_hierarchical_runs():
@@ -168,8 +171,8 @@ def test_mix_then_step_is_one_gossip_then_the_local_step():
     idx = iid_epoch_indices(800, 4, 16, 0, cfg.seed)[0]
     losses = run.workers.loss_and_grad(run.data.x_train[idx], run.data.y_train[idx])
     G0 = run.workers.G.clone()
-    run.algorithm.on_gradients(run.engine, run.workers.X, run.workers.G, Step(0))
-    W = torch.tensor(run.algorithm.topology.matrix(0))
+    run.schedule.on_gradients(run.engine, run.workers.X, run.workers.G, Step(0))
+    W = torch.tensor(run.schedule.topology.matrix(0))
     close(run.workers.X, W @ X0)
     assert losses.shape == (4,) and G0.abs().sum() > 0
 
@@ -183,7 +186,7 @@ def test_adam_with_one_worker_equals_torch(name, torch_cls):
     run = build_run(cfg)
     train(cfg, run)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, 10).double()
+    model = build_model(cfg, run.data).double()
     opt = torch_cls(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     for epoch in range(cfg.epochs):
         idx = iid_epoch_indices(800, 1, cfg.batch_size, epoch, cfg.seed)
@@ -196,10 +199,10 @@ def test_adam_with_one_worker_equals_torch(name, torch_cls):
 
 def test_adam_moments_stay_local_unless_averaged():
     _, local = rows_of("algorithm=local", "local_steps=4", "optimizer=adam", "lr=0.003")
-    m = local.opt_state["exp_avg"]
+    m = local.optimizer.rows["exp_avg"]
     assert (m - m.mean(0)).abs().max() > 1e-6
     _, avg = rows_of("algorithm=local", "local_steps=4", "optimizer=adam", "lr=0.003", "average_optimizer_state=true")
-    for moment in avg.opt_state.values():  # 24 steps, the last is a sync: all moments equal
+    for moment in avg.optimizer.rows.values():  # 24 steps, the last is a sync: all moments equal
         close(moment, moment.mean(0).expand_as(moment), tol=1e-12)
 
 
@@ -229,11 +232,15 @@ def test_local_sgd_with_h4_has_s_over_4_rounds():
 
 @pytest.mark.parametrize("overrides, fragment", [
     (["algorithm=hierarchical", "block_size=3"], "block_size must divide workers"),
-    (["algorithm=gossip", "compression=sign"], "compression 'sign' works with"),
+    (["algorithm=gossip", "compression=sign"], "compression does not apply to algorithm 'gossip'"),
+    (["algorithm=local", "compression=zip"], "unknown compression 'zip'; choose one of: sign"),
+    (["algorithm=allreduce", "outer_lr=0.5"], "outer_lr does not apply to algorithm 'allreduce': it is an option of algorithm diloco"),
+    (["optimizer=adam", "momentum=0.5"], "momentum does not apply to optimizer 'adam'"),
     (["algorithm=post-local"], "post-local needs"),
     (["algorithm=post-local", "switch_epoch=1", "switch_step=3"], "not both"),
     (["optimizer=lion"], "unknown optimizer 'lion'"),
-    (["gossip_form=sideways"], "unknown gossip_form"),
+    (["algorithm=gossip", "gossip_form=sideways"], "unknown gossip_form"),
+    (["algorithm=gossip", "phase_epochs=[1]"], "phase_epochs needs phases"),
 ])
 def test_bad_algorithm_options(overrides, fragment):
     from gossamer.config import ConfigError

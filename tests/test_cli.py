@@ -58,8 +58,10 @@ def test_same_config_and_seed_give_identical_summaries(tmp_path, capsys):
 @pytest.mark.parametrize("argv, fragment", [
     (["--set", "topology=hypercube", "--set", "algorithm=gossip"], "unknown topology 'hypercube'"),
     (["--set", "algorithm=magic"], "unknown algorithm 'magic'"),
-    (["--set", "topology=torus", "--set", "workers=13"], "torus"),
-    (["--set", "topology=one-peer-exponential", "--set", "workers=12"], "power of two"),
+    (["--set", "algorithm=gossip", "--set", "topology=torus", "--set", "workers=13"], "torus"),
+    (["--set", "topology=torus"], "topology does not apply to algorithm 'allreduce'"),
+    (["--set", "algorithm=gossip", "--set", "topology=one-peer-exponential", "--set", "workers=12"],
+     "power of two"),
     (["--set", "lr=-0.1"], "lr must be > 0"),
     (["--set", "colour=blue"], "unknown config key 'colour'"),
     (["--set", "workers=many"], "workers must be an integer"),
@@ -115,7 +117,7 @@ def test_divergence_stops_with_a_message_and_keeps_the_last_good_checkpoint(tmp_
     assert "diverged" in err and "checkpoint.pt" in err and err.count("\n") == 1
     state = torch.load(out / "checkpoint.pt")
     assert state["step"] == 12  # the end of epoch 1, the last finite state
-    assert torch.isfinite(state["X"]).all()
+    assert torch.isfinite(state["rows"]["X"]).all()
     assert not (out / "summary.json").exists()
 
 

@@ -8,13 +8,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import small_config, train_rows
+from conftest import build, small_config, train_rows
+from gossamer.algorithms import Step
 from gossamer.cli import main
 from gossamer.config import ConfigError
-from gossamer.consensus import Controller, Step, ema
+from gossamer.consensus import Controller, ema
 from gossamer.engines.sim import SimEngine
-from gossamer.topology import build_topology, round_p
-from gossamer.train import build_run
+from gossamer.topology import build_topology
 
 S = 12  # steps per epoch of the small config
 
@@ -61,9 +61,9 @@ def test_local_estimate_bounds_the_consensus_distance(name):
     for t in range(topo.period + 2):
         X = torch.randn(n, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(t)) * (t + 1)
         xi_before = math.sqrt(engine.consensus_distance_sq(X))
-        theta = math.sqrt(engine.gossip_(X, topo.mixing(t), measure=True))
+        theta = math.sqrt(engine.mean_scalar(engine.gossip_(X, topo.mixing(t), measure=True)))
         xi_after = math.sqrt(engine.consensus_distance_sq(X))
-        p = round_p(topo.mixing(t))
+        p = topo.mixing(t).p
         if p > 0:
             assert xi_before <= 2 / p * theta + 1e-12
             assert xi_after <= xi_before + 1e-12
@@ -139,25 +139,26 @@ def test_run_reference_is_read_and_aligned_by_step(tmp_path, capsys):
 
 def test_bad_run_reference_gives_clear_errors(tmp_path, capsys):
     with pytest.raises(ConfigError, match="no metrics.jsonl"):
-        build_run(small_config("algorithm=gossip", f"consensus.target=run:{tmp_path / 'missing'}"))
+        build(small_config("algorithm=gossip", f"consensus.target=run:{tmp_path / 'missing'}"))
     ref = tmp_path / "short"
     sets = ["--set", "workers=4", "--set", "epochs=1", "--set", "num_samples=1000", "--set", "algorithm=gossip"]
     assert main(["train", *sets, "--quiet", "--out", str(ref)]) == 0
     with pytest.raises(ConfigError, match="has 12 steps; this run needs 24"):
-        build_run(small_config("algorithm=gossip", f"consensus.target=run:{ref}"))
+        build(small_config("algorithm=gossip", f"consensus.target=run:{ref}"))
     with pytest.raises(ConfigError, match="incompatible: it has workers = 4"):
-        build_run(small_config("algorithm=gossip", "workers=2", f"consensus.target=run:{ref}"))
+        build(small_config("algorithm=gossip", "workers=2", f"consensus.target=run:{ref}"))
 
 
 @pytest.mark.parametrize("overrides, fragment", [
     (["algorithm=gossip", "phases=[gossip,controlled]", "phase_epochs=[1]"], "needs consensus.target"),
     (["algorithm=gossip", "phases=[gossip,allreduce]"], "2 modes but 0 boundaries"),
     (["algorithm=gossip", "phases=[gossip,sideways]", "phase_epochs=[1]"], "unknown phase mode"),
-    (["algorithm=local", "consensus.target=gradient"], "apply to algorithm gossip"),
+    (["algorithm=local", "consensus.target=gradient"], "consensus does not apply to algorithm 'local'"),
+    (["algorithm=gossip", "consensus.target=gradient", "metrics_every=2"], "needs metrics_every: 1"),
     (["algorithm=gossip", "consensus.target=constant"], "consensus.value > 0"),
     (["algorithm=gossip", "consensus.target=magic"], "unknown consensus.target"),
     (["algorithm=gossip", "consensus.on_budget=panic"], "unknown consensus.on_budget"),
-    (["consensus.bogus=1"], "unknown config key 'consensus.bogus'"),
+    (["algorithm=gossip", "consensus.bogus=1"], "unknown config key 'consensus.bogus'"),
 ])
 def test_bad_consensus_options(overrides, fragment):
     with pytest.raises(ConfigError, match=fragment):

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from gossamer.data import DATASETS, load_dataset, load_mnist1d
+from gossamer.config import ConfigError, load_config
+from gossamer.data import DATASETS, load_dataset
+from gossamer.data.mnist1d import load_mnist1d
 from gossamer.data.partition import (
     dirichlet_shards,
     iid_epoch_indices,
@@ -37,14 +39,14 @@ def test_cache_roundtrip(small, cache):
 
 
 def test_standard_split():
-    ds = load_dataset("mnist1d", 5000, 42)  # uses the default cache
+    ds = load_dataset(load_config(None, ["num_samples=5000"]))  # uses the default cache
     assert len(ds.x_train) == 4000 and len(ds.x_test) == 1000
 
 
 def test_unknown_dataset():
     assert "mnist1d" in DATASETS
-    with pytest.raises(ValueError, match="unknown dataset 'x'; choose one of: mnist1d"):
-        load_dataset("x", 500, 0)
+    with pytest.raises(ConfigError, match="unknown dataset 'x'; choose one of: mnist1d"):
+        load_config(None, ["dataset=x"])
 
 
 def test_steps_per_epoch():

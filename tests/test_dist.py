@@ -37,6 +37,7 @@ PARITY_CASES = [
     ("gossip-controlled", ["algorithm=gossip", "topology=ring", "consensus.target=constant", "consensus.value=0.01"]),
     ("gossip-phases", ["algorithm=gossip", "topology=one-peer-exponential", "phases=[allreduce,gossip]",
                        "phase_epochs=[0.5]"]),
+    ("diloco", ["algorithm=diloco", "local_steps=3"]),
 ]
 
 
@@ -151,11 +152,14 @@ def assert_same_summary(a: dict, b: dict, rel: float) -> None:
 def test_dist_matches_the_simulator(name, procs, sim_runs, dist_runs):
     sim, dist_ = sim_runs / name, dist_runs(procs) / name
     a, b = torch.load(sim / "checkpoint.pt"), torch.load(dist_ / "checkpoint.pt")
-    assert b["X"].shape == a["X"].shape == (4, a["X"].shape[1])  # rank 0 saved the full gathered matrix
-    assert (b["X"] - a["X"]).abs().max() < 1e-5
-    assert (b["X"] - a["X"]).abs().max() < 1e-10  # in float64 the difference is rounding only
-    for key, value in a["optimizer"].items():
-        assert (b["optimizer"][key] - value).abs().max() < 1e-10, key
+    Xa, Xb = a["rows"]["X"], b["rows"]["X"]
+    assert Xb.shape == Xa.shape == (4, Xa.shape[1])  # rank 0 saved the full gathered matrix
+    assert (Xb - Xa).abs().max() < 1e-10  # in float64 the difference is rounding only
+    for key, value in a["optimizer"]["rows"].items():
+        assert (b["optimizer"]["rows"][key] - value).abs().max() < 1e-10, key
+    for key, value in a["schedule"].get("rows", {}).items():  # compression references and residuals
+        assert (b["schedule"]["rows"][key] - value).abs().max() < 1e-10, key
+    assert a["schedule"].keys() == b["schedule"].keys() and a["comm"] == b["comm"]
     assert_same_summary(summary_of(sim), summary_of(dist_), rel=1e-9)
     rows = [json.loads(line) for line in (dist_ / "metrics.jsonl").read_text().splitlines()]
     assert [r["comm_rounds"] for r in rows] == [json.loads(line)["comm_rounds"]
@@ -200,7 +204,7 @@ def test_the_cli_gives_the_simulators_summary_in_float32(tmp_path, procs, dist_r
     run = dist_runs(procs) / "acceptance"
     assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
     assert_same_summary(summary_of(tmp_path / "sim"), summary_of(run), rel=1e-5)
-    sim_x, dist_x = torch.load(tmp_path / "sim" / "checkpoint.pt")["X"], torch.load(run / "checkpoint.pt")["X"]
+    sim_x, dist_x = (torch.load(r / "checkpoint.pt")["rows"]["X"] for r in (tmp_path / "sim", run))
     assert (dist_x - sim_x).abs().max() < 1e-5
 
 

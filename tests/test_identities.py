@@ -55,7 +55,7 @@ def test_one_worker_equals_plain_pytorch_training():
     train(cfg, run)
 
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, 10).double()
+    model = build_model(cfg, run.data).double()
     decay = [p for p, skip in zip(model.parameters(), no_decay_mask(model)) if not skip]
     no_decay = [p for p, skip in zip(model.parameters(), no_decay_mask(model)) if skip]
     opt = torch.optim.SGD([{"params": decay, "weight_decay": cfg.weight_decay},

@@ -1,13 +1,30 @@
 import pytest
 import torch
 
+from gossamer.config import ConfigError, load_config
+from gossamer.data import Dataset
 from gossamer.models import CNN1D, MLP, MODELS, build_model, no_decay_mask
 
 
-@pytest.mark.parametrize("name", sorted(MODELS))
+def signals(shape=(1, 40), classes=10) -> Dataset:
+    x, y = torch.randn(8, *shape), torch.randint(0, classes, (8,))
+    return Dataset(x, y, x, y, classes)
+
+
+INPUTS = {"mlp": (1, 40), "cnn1d": (1, 40), "resnet20": (3, 32, 32)}
+
+
+@pytest.mark.parametrize("name", MODELS.names())
 def test_output_shape(name):
-    model = build_model(name, num_classes=10)
-    assert model(torch.randn(7, 1, 40)).shape == (7, 10)
+    model = build_model(load_config(None, [f"model={name}"]), signals(INPUTS[name], classes=7))
+    assert model(torch.randn(5, *INPUTS[name])).shape == (5, 7)
+
+
+def test_a_model_refuses_data_it_cannot_take():
+    images = signals(shape=(3, 32, 32))
+    with pytest.raises(ConfigError, match=r"model 'cnn1d' takes 1-D signals \[1, L\].*\[3, 32, 32\]"):
+        build_model(load_config(None, ["model=cnn1d"]), images)
+    assert build_model(load_config(None, ["model=mlp"]), images)(images.x_train).shape == (8, 10)
 
 
 def test_parameter_counts():
@@ -25,8 +42,8 @@ def test_cnn_norm_forward():
 
 
 def test_unknown_model():
-    with pytest.raises(ValueError, match="unknown model 'x'; choose one of: cnn1d, mlp"):
-        build_model("x", 10)
+    with pytest.raises(ConfigError, match="unknown model 'x'; choose one of: mlp, cnn1d"):
+        load_config(None, ["model=x"])
 
 
 def test_no_decay_mask():

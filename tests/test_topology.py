@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gossamer.topology import (
-    TOPOLOGY_NAMES,
+    TOPOLOGIES,
     Mixing,
     Topology,
     TopologyError,
@@ -48,8 +48,8 @@ def _ring_gap(n):
 
 
 def test_names():
-    assert TOPOLOGY_NAMES[:2] == ("complete", "ring")
-    assert "edges" in TOPOLOGY_NAMES and "one-peer-exponential" in TOPOLOGY_NAMES
+    assert TOPOLOGIES.names()[:2] == ["complete", "ring"]
+    assert "edges" in TOPOLOGIES and "one-peer-exponential" in TOPOLOGIES
 
 
 @pytest.mark.parametrize("spec,n", CASES)
@@ -138,7 +138,7 @@ def test_complete():
 
 def test_ring_messages():
     assert analyse(build_topology("ring", 16))["messages_per_worker"] == 2
-    assert build_topology("ring", 2).mixing(0).messages_per_worker() == 1
+    assert build_topology("ring", 2).mixing(0).messages_per_worker == 1
 
 
 @pytest.mark.parametrize("a,b", [(3, 3), (4, 4), (3, 5)])

@@ -1,66 +1,124 @@
 """Communication schedules: which operator runs on which rows after which step.
 
-Every algorithm of both papers is a schedule over the hooks of the training loop: ``start``
-(before the first step), ``on_gradients`` (after backward, before the local optimizer step:
-where mini-batch SGD averages gradients) and ``after_step`` (after the local step: where models
-are averaged or gossiped; it may return metrics for the step's row). ``step.t`` is the 0-based
-index of the step being taken.
+Every algorithm of both papers is a :class:`Schedule` over the hooks of the training loop:
+``start`` (before the first step), ``on_gradients`` (after backward, before the local optimizer
+step: where mini-batch SGD averages gradients) and ``after_step`` (after the local step: where
+models are averaged or gossiped; it returns metrics for the step's row). ``step.t`` is the 0-based
+index of the step being taken. Everything a schedule carries from step to step is in its
+``state_dict()`` (tensors with one row per worker under ``rows``), so a run can be resumed.
+
+A new algorithm is one registered builder here, with the dataclass of its options (the config
+keys it owns, validated there): ``@ALGORITHMS.register("name", options=...)``.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from .compression import sign_compress, sign_decompress
-from .consensus import Controller, Step
+from .codecs import Compressor, build_compressor, check_spec
+from .consensus import ConsensusConfig, Controller, build_target
 from .optim import SGD
-from .topology import Mixing, Topology, round_p
+from .registry import ConfigError, Registry
+from .topology import TOPOLOGIES, Mixing, Topology, build_topology, spectral_gap
+
+ALGORITHMS = Registry("algorithm")
+
+
+@dataclass
+class Step:
+    """What a schedule knows about the step being taken: index t, η_t, φ_t² and its EMA, and
+    whether this step's metrics are measured (``measure``: else nothing is measured or synced)."""
+
+    t: int
+    lr: float = 0.0
+    grad_norm_sq: float = 0.0
+    grad_norm_sq_ema: float = 0.0
+    measure: bool = True
+
+
+class Schedule(Protocol):
+    """A communication schedule (see the module docstring)."""
+
+    def start(self, engine, X: torch.Tensor) -> None: ...
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None: ...
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class Context:
+    """What a schedule is built from besides its options."""
+
+    X: torch.Tensor  # this engine's rows of the parameters (shape and dtype of the state)
+    numels: list[int]  # sizes of the parameter tensors in a row
+    optimizer_rows: list[torch.Tensor]  # the local optimizer's per-worker state
+    steps_per_epoch: int
+    reference: list[float] | None = None  # Ξ_t² by step of the run of a `run:DIR` consensus target
+
+
+# ---------------------------------------------------------------- model averaging (local SGD family)
 
 
 @dataclass
 class ModelSync:
-    """Averages the models of a group (all n workers, or a block), exactly or sign-compressed.
+    """Averages the models of a group (all n workers, or a block), exactly or compressed.
 
-    Exact: x_i ← mean of the group, and the same for each ``extra`` tensor (optimizer state,
-    when it is averaged with the parameters). Compressed (Lin et al.): each worker sends
-    C(Δ_i), Δ_i = x_i − x_ref (+ e_i with error feedback), x_ref the group's model at its last
-    sync at that level; then x_i ← x_ref + mean_group C(Δ_j) and, with error feedback,
-    e_i ← Δ_i − C(Δ_i). A global sync also resets the block reference.
+    Exact: x_i ← mean of the group, and the same for each ``shared_state`` tensor (optimizer
+    state, when it is averaged with the parameters). Compressed (Lin et al.): each worker sends
+    C(Δ_i), Δ_i = x_i − x_ref (+ e_i with error feedback, kept by the level's compressor), x_ref
+    the group's model at its last sync at that level; then x_i ← x_ref + mean_group C(Δ_j). The
+    messages are all-gathered (they cannot be summed on the way). A global sync also resets the
+    block reference.
     """
 
-    compression: str = "none"  # none | sign | ef-sign
-    numels: list[int] = field(default_factory=list)  # tensor sizes in a row (per-tensor scales)
-    extra: list[torch.Tensor] = field(default_factory=list)
+    compression: str = "none"  # none, or a codec spec (sign, ef-sign, ...)
+    numels: list[int] = field(default_factory=list)
+    shared_state: list[torch.Tensor] = field(default_factory=list)
     ref: dict[str, torch.Tensor] = field(default_factory=dict)
-    error: dict[str, torch.Tensor] = field(default_factory=dict)
+    compressors: dict[str, Compressor] = field(default_factory=dict)
 
     def start(self, X: torch.Tensor, levels: tuple[str, ...] = ("global",)) -> None:
         """Take X (identical rows) as the reference of every level."""
         if self.compression != "none":
             self.ref = {level: X.clone() for level in levels}
-            self.error = {level: torch.zeros_like(X) for level in levels} if self.compression == "ef-sign" else {}
+            self.compressors = {level: build_compressor(self.compression, self.numels, X) for level in levels}
 
     def __call__(self, engine, X: torch.Tensor, block_size: int | None = None) -> None:
         level = "block" if block_size else "global"
         if self.compression == "none":
-            for rows in (X, *self.extra):
+            for rows in (X, *self.shared_state):
                 engine.block_mean_(rows, block_size) if block_size else engine.allreduce_mean_(rows)
             return
-        delta = X - self.ref[level]
-        if level in self.error:
-            delta += self.error[level]
-        message = sign_compress(delta, self.numels)
-        mean_change = engine.sign_mean(message, self.numels, block_size)
-        if level in self.error:
-            self.error[level] = delta - sign_decompress(message, self.numels)
-        X.copy_(self.ref[level].add_(mean_change))
+        compressor = self.compressors[level]
+        messages = engine.all_gather(compressor.compress(X - self.ref[level]), block_size)
+        X.copy_(self.ref[level].add_(messages.mean(compressor.codec.decode)))
         if level == "global":
             for name, ref in self.ref.items():
                 if name != "global":
                     ref.copy_(X)
+
+    def state_dict(self) -> dict:
+        rows = {f"ref/{level}": ref for level, ref in self.ref.items()}
+        rows.update({f"residual/{level}": c.residual for level, c in self.compressors.items()
+                     if c.residual is not None})
+        return {"rows": rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state["rows"].items():
+            kind, level = key.split("/")
+            if kind == "ref":
+                self.ref[level] = value.clone()
+            else:
+                self.compressors[level].residual = value.clone()
 
 
 @dataclass
@@ -73,7 +131,13 @@ class AllReduce:
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         engine.allreduce_mean_(G)
 
-    def after_step(self, engine, X: torch.Tensor, step: Step) -> None:
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
         pass
 
 
@@ -104,20 +168,30 @@ class LocalSGD:
         if step.t < self.switch:
             engine.allreduce_mean_(G)
 
-    def after_step(self, engine, X: torch.Tensor, step: Step) -> None:
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         t = step.t
         if t < self.switch:
             if t + 1 == self.switch:
                 self.sync.start(X, self._levels())
-            return
+            return {}
         local_steps_done = t + 1 - self.switch
         if local_steps_done % self.local_steps:
-            return
+            return {}
         sync_round = local_steps_done // self.local_steps
         if self.block_size and sync_round % self.block_rounds:
             self.sync(engine, X, self.block_size)
         else:
             self.sync(engine, X)
+        return {}
+
+    def state_dict(self) -> dict:
+        return self.sync.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sync.load_state_dict(state)
+
+
+# ---------------------------------------------------------------- decentralized (gossip)
 
 
 @dataclass
@@ -128,9 +202,9 @@ class Decentralized:
     ``mix-then-step`` (Lian et al.'s D-PSGD form): X ← X W − η ∂F(X), the gradient taken at the
     pre-mixing models. In a ``controlled`` phase the controller adds rounds until Ξ ≤ target.
     Round r uses W_r (time-varying graphs advance per round, extra rounds included). Entering an
-    all-reduce phase from a decentralized one averages the models and the optimizer ``state``
-    once (else the local momenta would pull the models apart again). ``extra`` (optimizer state
-    averaged with the parameters) is mixed alike.
+    all-reduce phase from a decentralized one averages the models and the ``optimizer_state``
+    once (else the local momenta would pull the models apart again). ``shared_state`` (optimizer
+    state communicated with the parameters) is mixed alike.
     """
 
     topology: Topology
@@ -138,10 +212,10 @@ class Decentralized:
     modes: list[str] = field(default_factory=lambda: ["gossip"])
     phase_starts: list[int] = field(default_factory=list)  # first step of phases 2, 3, ...
     controller: Controller | None = None
-    extra: list[torch.Tensor] = field(default_factory=list)
-    state: list[torch.Tensor] = field(default_factory=list)
+    shared_state: list[torch.Tensor] = field(default_factory=list)
+    optimizer_state: list[torch.Tensor] = field(default_factory=list)
     rounds: int = 0
-    _theta_sq: float | None = None
+    _change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round
     _mixing: Mixing | None = None
 
     def start(self, engine, X: torch.Tensor) -> None:
@@ -150,10 +224,10 @@ class Decentralized:
     def phase(self, t: int) -> int:
         return bisect.bisect_right(self.phase_starts, t)
 
-    def _round(self, engine, X: torch.Tensor, measure: bool = False) -> float | None:
+    def _round(self, engine, X: torch.Tensor, measure: bool = False) -> torch.Tensor | None:
         mixing = self.topology.mixing(self.rounds)
         self.rounds += 1
-        for rows in self.extra:
+        for rows in self.shared_state:
             engine.gossip_(rows, mixing)
         self._mixing = mixing
         return engine.gossip_(X, mixing, measure=measure)
@@ -163,29 +237,39 @@ class Decentralized:
         if mode == "allreduce":
             engine.allreduce_mean_(G)
         elif self.form == "mix-then-step":
-            self._theta_sq = self._round(engine, X, measure=True)
+            self._change = self._round(engine, X, measure=step.measure)
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         k = self.phase(step.t)
         metrics = {"phase": k + 1, "extra_gossip_rounds": 0}
         if self.modes[k] != "allreduce":
             if self.form == "step-then-mix":
-                self._theta_sq = self._round(engine, X, measure=True)
-            metrics.update(local_estimate(self._theta_sq, self._mixing))
+                self._change = self._round(engine, X, measure=step.measure)
+            if step.measure:
+                metrics.update(local_estimate(engine.mean_scalar(self._change), self._mixing))
             if self.modes[k] == "controlled":
                 metrics.update(self.controller.control(engine, X, step, lambda: self._round(engine, X)))
             ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
             if ends_here and self.modes[k + 1] == "allreduce":
-                for rows in (X, *self.state):
+                for rows in (X, *self.optimizer_state):
                     engine.allreduce_mean_(rows)
         return metrics
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rounds = int(state["rounds"])
 
 
 def local_estimate(theta_sq: float, mixing: Mixing) -> dict:
     """Θ² and the bound Ξ ≤ (2/p)Θ with p the mixing quality of the round (None if p = 0)."""
-    p = round_p(mixing)
+    p = mixing.p
     bound = 2 / p * theta_sq**0.5 if p > 0 else None
     return {"theta_sq": theta_sq, "consensus_distance_bound": bound}
+
+
+# ---------------------------------------------------------------- DiLoCo
 
 
 @dataclass
@@ -194,49 +278,207 @@ class DiLoCo:
 
     Δ = x_outer − mean_i x_i (one all-reduce); the outer optimizer (SGD with Nesterov momentum,
     lr ``outer_lr``) moves x_outer along −Δ and every worker restarts from x_outer. With outer
-    lr 1 and momentum 0, x_outer ← mean_i x_i: exactly local SGD.
+    lr 1 and momentum 0, x_outer ← mean_i x_i: exactly local SGD. Every worker keeps its own copy
+    of x_outer and of the outer momentum (identical rows, as each DiLoCo replica does).
     """
 
     local_steps: int
-    outer: SGD
     outer_lr: float
+    outer_momentum: float
     x_outer: torch.Tensor | None = None
-    outer_state: dict = field(default_factory=dict)
+    outer: SGD | None = None
 
     def start(self, engine, X: torch.Tensor) -> None:
-        self.x_outer = X[:1].clone()
-        self.outer_state = self.outer.init(self.x_outer)
+        self.x_outer = X.clone()
+        self.outer = SGD(self.x_outer, self.outer_momentum, self.outer_momentum > 0)
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         pass
 
-    def after_step(self, engine, X: torch.Tensor, step: Step) -> None:
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         if (step.t + 1) % self.local_steps:
-            return
+            return {}
         engine.allreduce_mean_(X)
-        pseudo_gradient = self.x_outer - X[:1]
-        self.outer.step(self.x_outer, pseudo_gradient, self.outer_state, self.outer_lr)
-        X.copy_(self.x_outer.expand_as(X))
+        pseudo_gradient = self.x_outer - X
+        self.outer.step(self.x_outer, pseudo_gradient, self.outer_lr)
+        X.copy_(self.x_outer)
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"rows": {"x_outer": self.x_outer}, "outer": self.outer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.x_outer.copy_(state["rows"]["x_outer"])
+        self.outer.load_state_dict(state["outer"])
 
 
-ALGORITHMS = ("allreduce", "local", "post-local", "hierarchical", "gossip", "diloco")
+# ---------------------------------------------------------------- options and registry
 
 
-def build_algorithm(cfg, topology: Topology, numels: list[int], optimizer_state: list[torch.Tensor],
-                    steps_per_epoch: int, controller: Controller | None = None):
-    """The schedule named by ``cfg.algorithm``. ``optimizer_state`` is averaged with the
-    parameters when ``cfg.average_optimizer_state``."""
-    extra = optimizer_state if cfg.average_optimizer_state else []
-    sync = ModelSync(cfg.compression, numels, extra)
-    H = cfg.local_steps
-    builders = {
-        "allreduce": lambda: AllReduce(),
-        "local": lambda: LocalSGD(H, sync),
-        "post-local": lambda: LocalSGD(H, sync, switch=cfg.switch_at(steps_per_epoch)),
-        "hierarchical": lambda: LocalSGD(H, sync, block_size=cfg.block_size, block_rounds=cfg.block_rounds),
-        "gossip": lambda: Decentralized(topology, cfg.gossip_form, cfg.phase_modes(),
-                                        [round(e * steps_per_epoch) for e in cfg.phase_boundaries()],
-                                        controller, extra, optimizer_state),
-        "diloco": lambda: DiLoCo(H, SGD(cfg.outer_momentum, cfg.outer_momentum > 0), cfg.outer_lr),
-    }
-    return builders[cfg.algorithm]()
+def _positive_int(options, *names: str) -> None:
+    for name in names:
+        if getattr(options, name) < 1:
+            raise ConfigError(f"{name} must be a positive integer, got {getattr(options, name)}")
+
+
+@dataclass
+class LocalOptions:
+    local_steps: int = 1  # H: local steps between averages
+    compression: str = "none"  # or a codec: sign, ef-sign, ...
+
+    def validate(self, cfg) -> None:
+        _positive_int(self, "local_steps")
+        if self.compression != "none":
+            check_spec(self.compression)
+            if cfg.average_optimizer_state:
+                raise ConfigError("average_optimizer_state: true needs compression: none")
+
+
+@dataclass
+class PostLocalOptions(LocalOptions):
+    switch_epoch: float | None = None  # t′ in epochs; None: the first lr milestone
+    switch_step: int | None = None  # t′ in steps instead
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if self.switch_epoch is not None and self.switch_step is not None:
+            raise ConfigError("give post-local's switch as switch_epoch or switch_step, not both")
+        if self.switch_epoch is None and self.switch_step is None and not cfg.milestones:
+            raise ConfigError("post-local needs switch_epoch, switch_step or a learning-rate milestone")
+        if (self.switch_epoch or 0) < 0 or (self.switch_step or 0) < 0:
+            raise ConfigError("switch_epoch and switch_step must be >= 0")
+
+
+@dataclass
+class HierarchicalOptions(LocalOptions):
+    block_size: int = 1  # consecutive workers per block
+    block_rounds: int = 1  # H_b: block averages per global average
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        _positive_int(self, "block_size", "block_rounds")
+        if cfg.workers % self.block_size:
+            raise ConfigError(f"block_size must divide workers: {self.block_size} does not divide {cfg.workers}")
+
+
+GOSSIP_FORMS = ("step-then-mix", "mix-then-step")
+PHASE_MODES = ("allreduce", "gossip", "controlled")
+
+
+@dataclass
+class GossipOptions:
+    topology: str = "ring"
+    topology_seed: int | None = None  # None: the run's seed
+    gossip_form: str = "step-then-mix"
+    phases: list[str] = field(default_factory=list)  # a mode per phase: allreduce | gossip | controlled
+    phase_epochs: list[float] = field(default_factory=list)  # boundaries; [] = the lr milestones
+    consensus: ConsensusConfig = field(default_factory=ConsensusConfig)
+
+    def validate(self, cfg) -> None:
+        TOPOLOGIES.parse(self.topology)
+        if self.phase_epochs and not self.phases:
+            raise ConfigError("phase_epochs needs phases (one mode per phase)")
+        if self.gossip_form not in GOSSIP_FORMS:
+            raise ConfigError(f"unknown gossip_form '{self.gossip_form}'; choose one of: {', '.join(GOSSIP_FORMS)}")
+        self.consensus.validate()
+        for mode in self.phases:
+            if mode not in PHASE_MODES:
+                raise ConfigError(f"unknown phase mode '{mode[:100]}'; choose from: {', '.join(PHASE_MODES)}")
+        modes, boundaries = gossip_phases(cfg)
+        if self.phases and len(boundaries) != len(self.phases) - 1:
+            raise ConfigError(f"phases has {len(self.phases)} modes but {len(boundaries)} boundaries "
+                              f"(phase_epochs, or the lr milestones when phase_epochs is empty)")
+        if boundaries != sorted(boundaries) or any(not 0 < b < cfg.epochs for b in boundaries):
+            raise ConfigError(f"phase_epochs must be increasing epochs in (0, {cfg.epochs}), got {boundaries}")
+        if "controlled" in modes and self.consensus.target == "none":
+            raise ConfigError("a controlled phase needs consensus.target (constant, gradient or run:DIR)")
+        if self.consensus.target == "gradient" and cfg.metrics_every != 1:
+            raise ConfigError("consensus.target gradient follows φ² at every step: it needs metrics_every: 1")
+
+
+@dataclass
+class DiLoCoOptions:
+    local_steps: int = 1  # H: inner steps per outer step
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9  # Nesterov
+
+    def validate(self, cfg) -> None:
+        _positive_int(self, "local_steps")
+        if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
+            raise ConfigError(f"diloco needs outer_lr > 0 and outer_momentum in [0, 1), "
+                              f"got {self.outer_lr} and {self.outer_momentum}")
+
+
+def switch_step(cfg, steps_per_epoch: int) -> int:
+    """Post-local SGD's switch step t′: switch_step, switch_epoch, or the first milestone."""
+    if cfg.switch_step is not None:
+        return cfg.switch_step
+    epoch = cfg.switch_epoch if cfg.switch_epoch is not None else (cfg.milestones or [0.0])[0]
+    return round(epoch * steps_per_epoch)
+
+
+def gossip_phases(cfg) -> tuple[list[str], list[float]]:
+    """(one mode per phase, the epochs where one phase ends and the next begins). Without
+    ``phases``, gossip is one phase, controlled if a consensus target is set."""
+    if cfg.phases:
+        return list(cfg.phases), list(cfg.phase_epochs or cfg.milestones)
+    return ["controlled" if cfg.consensus.target != "none" else "gossip"], []
+
+
+def _sync(cfg, ctx: Context) -> ModelSync:
+    shared = ctx.optimizer_rows if cfg.average_optimizer_state else []
+    return ModelSync(cfg.compression, ctx.numels, shared)
+
+
+@ALGORITHMS.register("allreduce", help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
+def _allreduce(cfg, ctx: Context) -> AllReduce:
+    return AllReduce()
+
+
+@ALGORITHMS.register("local", options=LocalOptions,
+                     help="local SGD: H local steps, then the exact (or compressed) average (Lin et al.)")
+def _local(cfg, ctx: Context) -> LocalSGD:
+    return LocalSGD(cfg.local_steps, _sync(cfg, ctx))
+
+
+@ALGORITHMS.register("post-local", options=PostLocalOptions,
+                     help="post-local SGD: mini-batch SGD until t′, then local SGD (Lin et al.)")
+def _post_local(cfg, ctx: Context) -> LocalSGD:
+    return LocalSGD(cfg.local_steps, _sync(cfg, ctx), switch=switch_step(cfg, ctx.steps_per_epoch))
+
+
+@ALGORITHMS.register("hierarchical", options=HierarchicalOptions,
+                     help="hierarchical local SGD: block averages every H steps, global every H·H_b (Lin et al.)")
+def _hierarchical(cfg, ctx: Context) -> LocalSGD:
+    return LocalSGD(cfg.local_steps, _sync(cfg, ctx), block_size=cfg.block_size, block_rounds=cfg.block_rounds)
+
+
+@ALGORITHMS.register("gossip", options=GossipOptions,
+                     help="D-SGD over a topology, by phase, with consensus control (Kong et al.)")
+def _gossip(cfg, ctx: Context) -> Decentralized:
+    topology = build_topology(cfg.topology, cfg.workers,
+                              seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
+    modes, boundaries = gossip_phases(cfg)
+    steps = cfg.epochs * ctx.steps_per_epoch
+    if ctx.reference is not None and len(ctx.reference) < steps:
+        raise ConfigError(f"consensus.target {cfg.consensus.target[:100]} has {len(ctx.reference)} steps; "
+                          f"this run needs {steps}")
+    controller = None
+    if cfg.consensus.target != "none":
+        p = 1 - (1 - spectral_gap(topology)) ** 2
+        controller = Controller(build_target(cfg.consensus, p, ctx.reference), cfg.consensus.max_extra_rounds,
+                                cfg.consensus.on_budget)
+    shared = ctx.optimizer_rows if cfg.average_optimizer_state else []
+    return Decentralized(topology, cfg.gossip_form, modes, [round(e * ctx.steps_per_epoch) for e in boundaries],
+                         controller, shared, ctx.optimizer_rows)
+
+
+@ALGORITHMS.register("diloco", options=DiLoCoOptions,
+                     help="DiLoCo: H inner steps, then an outer Nesterov step on the pseudo-gradient")
+def _diloco(cfg, ctx: Context) -> DiLoCo:
+    return DiLoCo(cfg.local_steps, cfg.outer_lr, cfg.outer_momentum)
+
+
+def build_schedule(cfg, ctx: Context) -> Schedule:
+    """The schedule named by ``cfg.algorithm``."""
+    return ALGORITHMS[cfg.algorithm].build(cfg, ctx)

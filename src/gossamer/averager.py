@@ -24,11 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .algorithms import build_algorithm
+from .algorithms import Context, Step, build_schedule
 from .config import from_dict
-from .consensus import Step
 from .engines.dist import DistEngine, env_world_size
-from .topology import build_topology
 
 
 class Averager:
@@ -37,31 +35,31 @@ class Averager:
     ``algorithm``: ``allreduce`` (gradients averaged every step: mini-batch SGD; call
     :meth:`average_gradients` between ``backward()`` and ``optimizer.step()``), ``local`` (exact
     parameter average every ``local_steps`` steps), ``gossip`` (one round over ``topology`` after
-    every step), or another schedule of :mod:`gossamer.algorithms` (``options`` are further config
-    keys, e.g. ``block_size`` for ``hierarchical``, ``compression="ef-sign"``).
+    every step), or another schedule of :mod:`gossamer.algorithms`. ``options`` are that
+    algorithm's config keys (``local_steps=4``, ``topology="ring"``, ``block_size=2`` for
+    ``hierarchical``, ``compression="ef-sign"``).
     At construction every process takes rank 0's parameters (all workers start from one model).
     Joins the default process group, or creates one from torchrun's environment.
     """
 
-    def __init__(self, model: nn.Module, algorithm: str = "gossip", topology: str = "ring", local_steps: int = 1,
-                 *, topology_seed: int = 0, timeout: float = 60.0, backend: str = "auto", **options):
+    def __init__(self, model: nn.Module, algorithm: str = "gossip", *, timeout: float = 60.0,
+                 backend: str = "auto", **options):
         self.params = [p for p in model.parameters() if p.requires_grad]
         if not self.params:
             raise ValueError("the model has no trainable parameters to average")
         if "switch_epoch" in options:
             raise ValueError("the averager counts steps, not epochs: give post-local's switch as switch_step")
+        if algorithm == "post-local":
+            options.setdefault("switch_step", 0)
         n = env_world_size()
-        self.cfg = from_dict({"workers": n, "algorithm": algorithm, "topology": topology,
-                              "local_steps": local_steps, "topology_seed": topology_seed,
-                              "dist_timeout": timeout, "dist_backend": backend,
-                              "switch_step": options.pop("switch_step", 0), **options})
+        self.cfg = from_dict({"workers": n, "algorithm": algorithm, "engine": "dist", "dist_timeout": timeout,
+                              "dist_backend": backend, **options})
         self.engine = DistEngine(n, backend, timeout, self.params[0].device)
         self.numels = [p.numel() for p in self.params]
         self.X = self._flat([p.detach() for p in self.params])
         self.engine.broadcast_(self.X, src=0)
         self._write(self.X)
-        topo = build_topology(topology, n, seed=topology_seed)
-        self.schedule = build_algorithm(self.cfg, topo, self.numels, [], steps_per_epoch=1)
+        self.schedule = build_schedule(self.cfg, Context(self.X, self.numels, [], steps_per_epoch=1))
         self.schedule.start(self.engine, self.X)
         self.t = 0
 

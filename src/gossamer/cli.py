@@ -13,9 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from .config import ConfigError, load_config
-from .report import RunDir, comparison_table, read_summary
-from .topology import analyse, build_topology
+from .codecs import CODECS
+from .config import KINDS, ConfigError, load_config
+from .report import RunDir, comparison_table, read_summary, reference_trajectory
+from .topology import TOPOLOGIES, analyse, build_topology
 from .train import Diverged, build_run, train
 
 
@@ -45,17 +46,23 @@ def run_training(cfg, out: Path, overwrite: bool, progress: bool = True) -> dict
     ``engine: dist`` every process trains its block of workers and only rank 0 writes."""
     if cfg.engine == "dist":
         return _run_training_dist(cfg, out, overwrite, progress)
-    run = build_run(cfg)
-    run_dir = RunDir(out, overwrite)
-    return _train_into(cfg, run, run_dir, out, progress, run_dir.checkpoint)
+    run = build_run(cfg, reference=reference_trajectory(cfg))
+    return _train_into(cfg, run, RunDir(out, overwrite), out, progress)
 
 
-def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, on_checkpoint) -> dict:
+def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool) -> dict:
+    """Train ``run``; only the process with a ``run_dir`` (rank 0) writes, every process checkpoints
+    (the engine gathers the rows of all processes)."""
+    def checkpoint(state: dict) -> None:
+        full = run.engine.gather_state(state)
+        if run_dir:
+            run_dir.checkpoint(full)
+
     if run_dir:
         run_dir.write_config(cfg)
     try:
         summary = train(cfg, run, on_row=run_dir.row if run_dir else lambda row: None,
-                        on_checkpoint=on_checkpoint, progress=progress)
+                        on_checkpoint=checkpoint, progress=progress)
     except Diverged as e:
         kept = "; last good state kept in " + str(out / "checkpoint.pt") if (out / "checkpoint.pt").exists() else ""
         raise Diverged(f"{e}{kept}") from None
@@ -70,21 +77,16 @@ def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, on_
 def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool) -> dict:
     """engine: dist — this process's block of workers; options fail alike on every rank (the first
     rank's error); rank 0 alone writes the run directory, with the full gathered checkpoint."""
-    from .engines.dist import DistEngine, Terminated, on_sigterm_raise
+    from .engines import build_engine
+    from .engines.failures import Terminated, on_sigterm_raise
     from .train import resolve_device
 
-    engine = DistEngine(cfg.workers, cfg.dist_backend, cfg.dist_timeout, resolve_device(cfg.device))
+    engine = build_engine(cfg, resolve_device(cfg.device))
     try:
         with on_sigterm_raise():
-            run = engine.agree(lambda: build_run(cfg, engine))
+            run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
             run_dir = engine.agree(lambda: RunDir(out, overwrite) if engine.rank == 0 else None)
-
-            def checkpoint(state: dict) -> None:
-                full = engine.gather_state(state)
-                if run_dir:
-                    run_dir.checkpoint(full)
-
-            return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0, checkpoint)
+            return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0)
     except Terminated:  # torchrun stops the others when one process fails: say which one
         raise engine.lost("stopped by the launcher") from None
     finally:
@@ -97,8 +99,8 @@ def cmd_train(args) -> int:
     summary = run_training(cfg, out, args.overwrite, progress=not args.quiet)
     if cfg.engine == "dist" and _rank() != 0:
         return 0
-    print(json.dumps({k: summary[k] for k in ("test_accuracy", "test_accuracy_local_mean",
-                                                "final_consensus_distance_sq", "comm_rounds")}))
+    shown = [k for k in summary if k.startswith("test_")] + ["final_consensus_distance_sq", "comm_rounds"]
+    print(json.dumps({k: summary[k] for k in shown}))
     print(f"run written to {out}")
     return 0
 
@@ -150,11 +152,25 @@ def cmd_repro(args) -> int:
     return 0
 
 
+def _registry_help() -> str:
+    """What each concept offers, from its registry: names, one line each, and their own keys."""
+    parts = []
+    for kind, registry in {**KINDS, "topology": TOPOLOGIES, "compression": CODECS}.items():
+        lines = []
+        for e in registry.entries.values():
+            keys = f" [keys: {', '.join(e.keys)}]" if e.keys else ""
+            lines.append(f"  {e.spec:<22} {e.help}{keys}")
+        also = ", or ef-NAME for error feedback" if registry is CODECS else ""
+        parts.append(f"{kind} (--set {kind}=NAME{also}):\n" + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gossamer", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    t = sub.add_parser("train", help="train n workers from a YAML config and --set overrides")
+    t = sub.add_parser("train", help="train n workers from a YAML config and --set overrides",
+                       epilog=_registry_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("config", nargs="?", help="YAML config file (defaults apply to missing keys)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     t.add_argument("--out", help="run directory (default runs/ALGORITHM-nN-TIME)")
@@ -163,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     g = sub.add_parser("topology", help="mixing matrix analysis: spectral gap, p, rounds to halve")
-    g.add_argument("name", help="ring, torus, exponential, one-peer-exponential, random-regular[:D], ...")
+    g.add_argument("name", help=TOPOLOGIES.choices())
     g.add_argument("-n", type=int, required=True, help="number of workers")
     g.add_argument("--seed", type=int, default=0, help="seed of random graphs")
     g.add_argument("--json", action="store_true", help="one JSON object")
@@ -202,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     except Diverged as e:
         return _fail(str(e), 1) if _rank() == 0 else 1
     except RuntimeError as e:
-        from .engines.dist import PeerLost
+        from .engines.failures import PeerLost
         if not isinstance(e, PeerLost):
             raise
         _fail(str(e), 1)  # every surviving rank says which rank it lost, then leaves at once

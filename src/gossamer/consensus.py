@@ -6,7 +6,8 @@ the budget runs out it either falls back to an exact all-reduce (Ξ = 0) or cont
 
 The paper's target is "c × φ_t^ema", which reads two ways; both are here:
 - ``run:DIR``: c × the consensus distance that *uncontrolled* D-SGD had at the same step of an
-  earlier run (its metrics.jsonl), smoothed by an EMA — a reference recorded beforehand;
+  earlier run, smoothed by an EMA — a reference recorded beforehand (its Ξ_t² by step is read
+  from the run directory by :func:`gossamer.report.reference_trajectory` and handed in here);
 - ``gradient``: c × η_t · sqrt(EMA of φ_t²) / p, with φ_t² = (1/n) Σ_i ‖∇f_i(x_i)‖² — the typical
   distance Ξ² = O((1 − p) η² (φ² + σ²) / p²) scaled to a distance, computable on the fly.
 ``constant`` keeps Ξ ≤ a fixed value.
@@ -14,26 +15,61 @@ The paper's target is "c × φ_t^ema", which reads two ways; both are here:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
-import yaml
 
-from .config import ConfigError
+from .registry import ConfigError
+
+if TYPE_CHECKING:
+    from .algorithms import Step
+
+ON_BUDGET = ("allreduce", "continue")
 
 
 @dataclass
-class Step:
-    """What the schedule knows about the step being taken: index t, η_t, φ_t² and its EMA."""
+class ConsensusConfig:
+    """Consensus control (Kong et al.): keep Ξ ≤ target with extra gossip rounds.
 
-    t: int
-    lr: float = 0.0
-    grad_norm_sq: float = 0.0
-    grad_norm_sq_ema: float = 0.0
+    target: none | constant (Ξ ≤ value) | gradient (factor · η_t · sqrt(EMA φ_t²) / p)
+    | run:DIR (factor · EMA of the Ξ_t an earlier uncontrolled run had at the same step).
+    """
+
+    target: str = "none"
+    value: float = 0.0
+    factor: float = 1.0
+    max_extra_rounds: int = 100
+    on_budget: str = "allreduce"
+    ema: float = 0.9
+
+    def validate(self) -> None:
+        t = self.target
+        if t not in ("none", "constant", "gradient") and not (t.startswith("run:") and len(t) > 4):
+            raise ConfigError(f"unknown consensus.target '{t[:100]}'; choose one of: none, constant, gradient, run:DIR")
+        if t == "constant" and not self.value > 0:
+            raise ConfigError(f"consensus.target constant needs consensus.value > 0, got {self.value}")
+        if not self.factor > 0:
+            raise ConfigError(f"consensus.factor must be > 0, got {self.factor}")
+        if self.max_extra_rounds < 0:
+            raise ConfigError(f"consensus.max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
+        if self.on_budget not in ON_BUDGET:
+            raise ConfigError(f"unknown consensus.on_budget '{self.on_budget}'; choose one of: {', '.join(ON_BUDGET)}")
+        if not 0 <= self.ema < 1:
+            raise ConfigError(f"consensus.ema must be in [0, 1), got {self.ema}")
+
+    @property
+    def reference_run(self) -> str | None:
+        """DIR of a ``run:DIR`` target, else None."""
+        return self.target.removeprefix("run:") if self.target.startswith("run:") else None
+
+
+def ema_factor(cfg) -> float:
+    """β of the EMA of φ_t² that the metric rows report and the ``gradient`` target follows:
+    ``consensus.ema`` where the algorithm has a consensus section, else its default."""
+    consensus = getattr(cfg.options["algorithm"], "consensus", None)
+    return (consensus or ConsensusConfig()).ema
 
 
 def ema(values: list[float], beta: float) -> list[float]:
@@ -45,37 +81,17 @@ def ema(values: list[float], beta: float) -> list[float]:
     return out
 
 
-def reference_trajectory(run_dir: str, steps: int, cfg) -> list[float]:
-    """Ξ_t (not squared) of an earlier run, by step 1..steps, EMA-smoothed with ``cfg.consensus.ema``.
-
-    The earlier run must have the same workers, batch size and data size (so step t means the
-    same point of training) and at least ``steps`` steps."""
-    path = Path(run_dir)
-    metrics = path / "metrics.jsonl"
-    if not metrics.exists():
-        raise ConfigError(f"consensus.target run:{run_dir}: no metrics.jsonl there (not a gossamer run)")
-    ref_cfg = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
-    for key in ("workers", "batch_size", "num_samples"):
-        if key in ref_cfg and ref_cfg[key] != getattr(cfg, key):
-            raise ConfigError(f"consensus.target run:{run_dir} is incompatible: it has {key} = {ref_cfg[key]}, "
-                              f"this run {getattr(cfg, key)}")
-    by_step = {}
-    for line in metrics.read_text().splitlines():
-        row = json.loads(line)
-        by_step[row["step"]] = row["consensus_distance_sq"]
-    if any(s not in by_step for s in range(1, steps + 1)):
-        raise ConfigError(f"consensus.target run:{run_dir} has {len(by_step)} steps; this run needs {steps}")
-    return ema([math.sqrt(max(by_step[s], 0.0)) for s in range(1, steps + 1)], cfg.consensus.ema)
-
-
-def build_target(cfg, p: float, steps: int) -> Callable[[Step], float]:
-    """Target Ξ for a step, from ``cfg.consensus``."""
-    c = cfg.consensus
+def build_target(c: ConsensusConfig, p: float, reference: list[float] | None = None) -> Callable[[Step], float]:
+    """Target Ξ for a step. ``p``: the topology's mixing quality; ``reference``: for ``run:DIR``,
+    the Ξ_t² of that run at steps 1, 2, … (at least as many as this run takes)."""
     if c.target == "constant":
         return lambda step: c.value
     if c.target == "gradient":
         return lambda step: c.factor * step.lr * math.sqrt(step.grad_norm_sq_ema) / p
-    trajectory = reference_trajectory(c.target.removeprefix("run:"), steps, cfg)
+    if reference is None:
+        raise ConfigError(f"consensus.target {c.target[:100]} needs the reference run's Ξ² by step "
+                          f"(gossamer.report.reference_trajectory)")
+    trajectory = ema([math.sqrt(max(v, 0.0)) for v in reference], c.ema)
     return lambda step: c.factor * trajectory[step.t]
 
 
@@ -88,7 +104,8 @@ class Controller:
     on_budget: str  # allreduce | continue
 
     def control(self, engine, X: torch.Tensor, step: Step, gossip_round: Callable[[], None]) -> dict:
-        """Run after the step's normal gossip; returns this step's control metrics."""
+        """Run after the step's normal gossip; returns this step's control metrics. Each probe of
+        Ξ² is measurement traffic (an all-reduce of d values)."""
         target = self.target(step)
         before = engine.consensus_distance_sq(X)
         xi_sq, rounds = before, 0

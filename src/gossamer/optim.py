@@ -1,20 +1,25 @@
 """Row-wise local optimizers: one step for all workers at once on the worker matrix.
 
-State (momentum buffers) has the shape of X and is *local*: row i belongs to worker i and is
-never communicated. Both papers keep it local; during all-reduce training every worker sees the
-same averaged gradient, so the local buffers stay identical and equal one global buffer (the
-update is linear), and local SGD averages parameters only.
+Each optimizer keeps its state: ``rows`` are tensors shaped like X (momentum buffers, Adam
+moments), row i belonging to worker i and never communicated unless the schedule averages them
+(``average_optimizer_state``); scalars such as Adam's step count sit beside them. Both papers keep
+the state local: during all-reduce training every worker sees the same averaged gradient, so the
+local buffers stay identical and equal one global buffer (the update is linear).
+``state_dict()`` / ``load_state_dict()`` save and restore all of it (tensors under ``rows``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from .registry import ConfigError, Registry
 
-@dataclass
+OPTIMIZERS = Registry("optimizer")
+
+
 class SGD:
     """SGD with momentum μ, optional Nesterov, and weight decay λ (torch.optim.SGD semantics).
 
@@ -22,29 +27,33 @@ class SGD:
     ``decay`` is the per-coordinate λ·mask [d] (0 where a parameter gets no decay).
     """
 
-    momentum: float = 0.0
-    nesterov: bool = False
-    decay: torch.Tensor | None = None
+    def __init__(self, X: torch.Tensor, momentum: float = 0.0, nesterov: bool = False,
+                 decay: torch.Tensor | None = None):
+        self.momentum, self.nesterov, self.decay = momentum, nesterov, decay
+        self.rows = {"momentum": torch.zeros_like(X)} if momentum else {}
 
-    def init(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"momentum": torch.zeros_like(X)} if self.momentum else {}
-
-    def step(self, X: torch.Tensor, G: torch.Tensor, state: dict[str, torch.Tensor], lr: float) -> None:
+    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float) -> None:
         """Update X in place; G is used as scratch."""
         if self.decay is not None:
             G.addcmul_(X, self.decay)
         if not self.momentum:
             X.add_(G, alpha=-lr)
             return
-        M = state["momentum"]
+        M = self.rows["momentum"]
         M.mul_(self.momentum).add_(G)
         if self.nesterov:
             X.add_(G.add_(M, alpha=self.momentum), alpha=-lr)
         else:
             X.add_(M, alpha=-lr)
 
+    def state_dict(self) -> dict:
+        return {"rows": dict(self.rows)}
 
-@dataclass
+    def load_state_dict(self, state: dict) -> None:
+        for name, value in state["rows"].items():
+            self.rows[name].copy_(value)
+
+
 class Adam:
     """Adam / AdamW for all workers at once (torch.optim.Adam / AdamW semantics).
 
@@ -53,16 +62,13 @@ class Adam:
     per worker (decentralized Adam, Kong et al.); the step count t is shared (lock-step workers).
     """
 
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    decay: torch.Tensor | None = None
-    decoupled: bool = False  # AdamW
-    t: int = 0
+    def __init__(self, X: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
+                 decay: torch.Tensor | None = None, decoupled: bool = False):
+        self.betas, self.eps, self.decay, self.decoupled = betas, eps, decay, decoupled
+        self.t = 0
+        self.rows = {"exp_avg": torch.zeros_like(X), "exp_avg_sq": torch.zeros_like(X)}
 
-    def init(self, X: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {"exp_avg": torch.zeros_like(X), "exp_avg_sq": torch.zeros_like(X)}
-
-    def step(self, X: torch.Tensor, G: torch.Tensor, state: dict[str, torch.Tensor], lr: float) -> None:
+    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float) -> None:
         """Update X in place; G is used as scratch."""
         beta1, beta2 = self.betas
         self.t += 1
@@ -71,11 +77,61 @@ class Adam:
                 X.addcmul_(X, self.decay, value=-lr)
             else:
                 G.addcmul_(X, self.decay)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m, v = self.rows["exp_avg"], self.rows["exp_avg_sq"]
         m.lerp_(G, 1 - beta1)
         v.mul_(beta2).addcmul_(G, G, value=1 - beta2)
         denom = (v.sqrt() / math.sqrt(1 - beta2**self.t)).add_(self.eps)
         X.addcdiv_(m, denom, value=-lr / (1 - beta1**self.t))
+
+    def state_dict(self) -> dict:
+        return {"t": self.t, "rows": dict(self.rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.t = int(state["t"])
+        for name, value in state["rows"].items():
+            self.rows[name].copy_(value)
+
+
+# ---------------------------------------------------------------- registry: options and builders
+
+
+@dataclass
+class SGDOptions:
+    momentum: float = 0.9
+    nesterov: bool = True
+
+    def validate(self, cfg) -> None:
+        if not 0 <= self.momentum < 1:
+            raise ConfigError(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("nesterov: true needs momentum > 0")
+
+
+@dataclass
+class AdamOptions:
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    adam_eps: float = 1e-8
+
+    def validate(self, cfg) -> None:
+        if len(self.adam_betas) != 2 or not all(0 <= b < 1 for b in self.adam_betas):
+            raise ConfigError(f"adam_betas must be two numbers in [0, 1), got {self.adam_betas}")
+        if not self.adam_eps > 0:
+            raise ConfigError(f"adam_eps must be > 0, got {self.adam_eps}")
+
+
+@OPTIMIZERS.register("sgd", options=SGDOptions, help="SGD with local momentum (Nesterov by default)")
+def _sgd(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> SGD:
+    return SGD(X, cfg.momentum, cfg.nesterov, decay)
+
+
+@OPTIMIZERS.register("adam", options=AdamOptions, help="Adam with L2 weight decay, local moments")
+def _adam(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> Adam:
+    return Adam(X, tuple(cfg.adam_betas), cfg.adam_eps, decay)
+
+
+@OPTIMIZERS.register("adamw", options=AdamOptions, help="AdamW (decoupled weight decay), local moments")
+def _adamw(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> Adam:
+    return Adam(X, tuple(cfg.adam_betas), cfg.adam_eps, decay, decoupled=True)
 
 
 def decay_vector(slots, no_decay: list[bool], weight_decay: float, like: torch.Tensor) -> torch.Tensor | None:

@@ -49,6 +49,34 @@ class RunDir:
         self._metrics.close()
 
 
+def reference_trajectory(cfg: Config) -> list[float] | None:
+    """For a ``consensus.target: run:DIR``, the Ξ_t² that run had at steps 1, 2, … (as far as its
+    metrics.jsonl has every step); None for other targets.
+
+    The run must have the same workers, batch size and data size, so that step t means the same
+    point of training."""
+    run_dir = getattr(cfg, "consensus", None) and cfg.consensus.reference_run
+    if not run_dir:
+        return None
+    path = Path(run_dir)
+    metrics = path / "metrics.jsonl"
+    if not metrics.exists():
+        raise ConfigError(f"consensus.target run:{run_dir}: no metrics.jsonl there (not a gossamer run)")
+    ref_cfg = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
+    for key in ("workers", "batch_size", "num_samples"):
+        if key in ref_cfg and ref_cfg[key] != getattr(cfg, key, None):
+            raise ConfigError(f"consensus.target run:{run_dir} is incompatible: it has {key} = {ref_cfg[key]}, "
+                              f"this run {getattr(cfg, key, None)}")
+    by_step = {}
+    for line in metrics.read_text().splitlines():
+        row = json.loads(line)
+        by_step[row["step"]] = row["consensus_distance_sq"]
+    steps = 0
+    while steps + 1 in by_step:
+        steps += 1
+    return [by_step[s] for s in range(1, steps + 1)]
+
+
 def read_summary(path: str | Path) -> dict:
     file = Path(path) / "summary.json"
     if not file.exists():

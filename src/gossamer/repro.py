@@ -24,7 +24,6 @@ class Variant:
     name: str
     overrides: list[str]
     workers: int
-    group: str = ""
 
 
 @dataclass
@@ -50,9 +49,9 @@ def ring_scaling(quick: bool) -> Suite:
     suite = Suite("ring-scaling: test accuracy and Ξ² as n grows", _base(quick, 4 if quick else 40))
     for n in sizes:
         suite.variants += [
-            Variant(f"allreduce n={n}", ["algorithm=allreduce"], n, f"n={n}"),
-            Variant(f"ring n={n}", ["algorithm=gossip", "topology=ring"], n, f"n={n}"),
-            Variant(f"one-peer-exp n={n}", ["algorithm=gossip", "topology=one-peer-exponential"], n, f"n={n}"),
+            Variant(f"allreduce n={n}", ["algorithm=allreduce"], n),
+            Variant(f"ring n={n}", ["algorithm=gossip", "topology=ring"], n),
+            Variant(f"one-peer-exp n={n}", ["algorithm=gossip", "topology=one-peer-exponential"], n),
         ]
     return suite
 

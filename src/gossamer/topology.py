@@ -19,54 +19,26 @@ Pure numpy + networkx; no torch.
 
 from __future__ import annotations
 
-import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable
 
 import networkx as nx
 import numpy as np
 
-__all__ = [
-    "TopologyError",
-    "Mixing",
-    "Topology",
-    "build_topology",
-    "TOPOLOGY_NAMES",
-    "spectral_gap",
-    "analyse",
-]
+from .registry import ConfigError, Registry
 
 _TOL = 1e-12
 _MAX_TRIES = 100
 
 
-class TopologyError(ValueError):
+class TopologyError(ConfigError):
     """Bad topology spec; str(e) is one clear line naming the option and what is allowed."""
 
 
-TOPOLOGY_NAMES: tuple[str, ...] = (
-    "complete",
-    "ring",
-    "torus",
-    "exponential",
-    "one-peer-exponential",
-    "random-regular",
-    "erdos-renyi",
-    "edges",
-)
-
-# How each base name is written in a spec (for error messages and docs).
-_SPEC_FORMS = (
-    "complete",
-    "ring",
-    "torus",
-    "exponential",
-    "one-peer-exponential",
-    "random-regular[:D]",
-    "erdos-renyi[:Q]",
-    "edges:FILE",
-)
+TOPOLOGIES = Registry("topology", error=TopologyError)
 
 
 # --------------------------------------------------------------------------- data
@@ -84,6 +56,7 @@ class Mixing:
 
     index: np.ndarray  # int64 [K, n]
     weight: np.ndarray  # float64 [K, n]
+    _plans: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         index = np.array(self.index, dtype=np.int64)
@@ -113,12 +86,30 @@ class Mixing:
         np.add.at(w, (rows, self.index), self.weight)
         return w
 
+    @cached_property
     def messages_per_worker(self) -> float:
         """Mean over workers j of #{i != j : W[i, j] != 0} (the workers j sends to)."""
         w = self.dense()
         nz = w != 0
         np.fill_diagonal(nz, False)
         return float(nz.sum(axis=0).mean()) if self.n else 0.0
+
+    @cached_property
+    def p(self) -> float:
+        """Mixing quality of this round, p = 1 − ‖W − J‖₂²: ‖WX − X̄‖² ≤ (1 − p)‖X − X̄‖² for every X.
+
+        For a static symmetric W this is the paper's p = 1 − λ²; for one round of a time-varying
+        graph it can be 0 (one-peer exponential at hops ≥ 2 leaves some modes unmixed)."""
+        n = self.n
+        sigma = float(np.linalg.norm(self.dense() - np.full((n, n), 1.0 / n), 2)) if n > 1 else 0.0
+        return float(min(1.0, max(0.0, 1.0 - sigma**2)))
+
+    def plan(self, key: Any, build: Callable[[], Any]) -> Any:
+        """An engine's precomputed plan for this matrix (tensors on its device, send and receive
+        lists), built once per ``key`` and kept as long as the matrix."""
+        if key not in self._plans:
+            self._plans[key] = build()
+        return self._plans[key]
 
 
 @dataclass(frozen=True)
@@ -155,10 +146,19 @@ def _circulant(n: int, offsets: list[int], weights: list[float]) -> Mixing:
     return Mixing(index, weight)
 
 
+def _no_param(build: Callable[[int], Mixing | tuple[Mixing, ...]]):
+    """A builder of n alone, as a registry builder (n, param, seed)."""
+    return lambda n, param, seed: build(n)
+
+
+@TOPOLOGIES.register("complete", help="11ᵀ/n: exact averaging in one round")
+@_no_param
 def _complete(n: int) -> Mixing:
     return _circulant(n, list(range(n)), [1.0 / n] * n)
 
 
+@TOPOLOGIES.register("ring", help="self and i±1, weights 1/3")
+@_no_param
 def _ring(n: int) -> Mixing:
     if n == 1:
         return _identity(1)
@@ -173,6 +173,8 @@ def _torus_shape(n: int) -> tuple[int, int] | None:
     return None
 
 
+@TOPOLOGIES.register("torus", help="2-D torus n = a·b (a, b ≥ 3, most square), weights 1/5")
+@_no_param
 def _torus(n: int) -> Mixing:
     shape = _torus_shape(n)
     if shape is None:
@@ -192,6 +194,8 @@ def _torus(n: int) -> Mixing:
     return Mixing(np.stack(slots), np.full((5, n), 0.2))
 
 
+@TOPOLOGIES.register("exponential", help="static: peers at hops ±2^k, uniform weights")
+@_no_param
 def _exponential(n: int) -> Mixing:
     """Static exponential graph: neighbours i ± 2^k (mod n), k = 0..floor(log2(n-1))."""
     if n == 1:
@@ -206,6 +210,9 @@ def _exponential(n: int) -> Mixing:
     return _circulant(n, offs, [1.0 / len(offs)] * len(offs))
 
 
+@TOPOLOGIES.register("one-peer-exponential",
+                     help="time-varying, n a power of two: x_i ← (x_i + x_{i+2^k})/2, k = t mod log₂n")
+@_no_param
 def _one_peer_exponential(n: int) -> tuple[Mixing, ...]:
     """W_t: x_i <- (x_i + x_{(i + 2^k) mod n}) / 2, k = t mod log2 n."""
     if n & (n - 1):
@@ -238,6 +245,8 @@ def _metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
     return Mixing(index, weight)
 
 
+@TOPOLOGIES.register("random-regular", spec="random-regular[:D]", takes="optional",
+                     help="random D-regular graph (default 4), Metropolis–Hastings weights")
 def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
     name = "random-regular"
     d = _parse_int(name, arg, default=4, what="degree D")
@@ -262,6 +271,8 @@ def _first_connected(draw, spec: str, n: int, seed: int, knob: str) -> Mixing:
     )
 
 
+@TOPOLOGIES.register("erdos-renyi", spec="erdos-renyi[:Q]", takes="optional",
+                     help="G(n, Q) redrawn until connected (default Q = 0.3), Metropolis–Hastings weights")
 def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
     name = "erdos-renyi"
     if arg is None:
@@ -278,15 +289,15 @@ def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
     return _first_connected(lambda s: nx.erdos_renyi_graph(n, q, seed=s), f"{name}:{q}", n, seed, "Q")
 
 
-def _edges(n: int, path: str | None) -> Mixing:
+@TOPOLOGIES.register("edges", spec="edges:FILE", takes="required",
+                     help="any connected graph from an edge list ('i j' per line), Metropolis–Hastings weights")
+def _edges(n: int, path: str, seed: int) -> Mixing:
     """Undirected edge list: one 'i j' per line; '#' comments and blank lines allowed.
 
     Self-loops 'i i' are ignored (the self weight is implied); duplicate edges count once.
     The graph on nodes 0..n-1 must be connected.
     """
     name = "edges"
-    if not path:
-        raise TopologyError(f"topology '{name}' needs a file: 'edges:FILE'")
     if not os.path.isfile(path):
         raise TopologyError(f"topology '{name}': edge file '{path}' not found")
     g = nx.Graph()
@@ -349,46 +360,14 @@ def _check_doubly_stochastic(w: np.ndarray, name: str, t: int = 0) -> None:
 
 def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
     """Build and validate the topology named by `spec` ('name' or 'name:param') for n workers."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise TopologyError(
-            f"topology spec must be a non-empty string; choose one of: {', '.join(_SPEC_FORMS)}"
-        )
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TopologyError(f"topology '{spec}' needs an integer number of workers n, got {n!r}")
     n = int(n)
     if n < 1:
         raise TopologyError(f"topology '{spec}' needs n >= 1 workers, got n = {n}")
-    base, sep, arg = spec.partition(":")
-    base = base.strip()
-    param: str | None = arg.strip() if sep else None
-    if base not in TOPOLOGY_NAMES:
-        raise TopologyError(
-            f"unknown topology '{base}'; choose one of: {', '.join(_SPEC_FORMS)}"
-        )
-    if param is not None and base in ("complete", "ring", "torus", "exponential",
-                                      "one-peer-exponential"):
-        raise TopologyError(f"topology '{base}' takes no parameter, got '{spec}'")
-    if param == "" and base in ("random-regular", "erdos-renyi"):
-        raise TopologyError(f"topology '{base}' has an empty parameter in '{spec}'")
-
-    mixings: tuple[Mixing, ...]
-    if base == "complete":
-        mixings = (_complete(n),)
-    elif base == "ring":
-        mixings = (_ring(n),)
-    elif base == "torus":
-        mixings = (_torus(n),)
-    elif base == "exponential":
-        mixings = (_exponential(n),)
-    elif base == "one-peer-exponential":
-        mixings = _one_peer_exponential(n)
-    elif base == "random-regular":
-        mixings = (_random_regular(n, param, seed),)
-    elif base == "erdos-renyi":
-        mixings = (_erdos_renyi(n, param, seed),)
-    else:  # edges
-        mixings = (_edges(n, arg if sep else None),)
-
+    entry, param = TOPOLOGIES.parse(spec)
+    built = entry.build(n, param, seed)
+    mixings = built if isinstance(built, tuple) else (built,)
     for t, m in enumerate(mixings):
         if m.n != n:
             raise TopologyError(f"topology '{spec}': W_{t} has {m.n} workers, expected {n}")
@@ -412,17 +391,6 @@ def spectral_gap(topology: Topology) -> float:
     return float(min(1.0, max(0.0, rho)))
 
 
-@functools.lru_cache(maxsize=None)  # mixings hash by identity and live as long as their topology
-def round_p(mixing: Mixing) -> float:
-    """Mixing quality of one round, p = 1 − ‖W − J‖₂²: ‖WX − X̄‖² ≤ (1 − p)‖X − X̄‖² for every X.
-
-    For a static symmetric W this is the paper's p = 1 − λ²; for one round of a time-varying
-    graph it can be 0 (one-peer exponential at hops ≥ 2 leaves some modes unmixed)."""
-    n = mixing.n
-    sigma = float(np.linalg.norm(mixing.dense() - np.full((n, n), 1.0 / n), 2)) if n > 1 else 0.0
-    return float(min(1.0, max(0.0, 1.0 - sigma**2)))
-
-
 def analyse(topology: Topology) -> dict:
     """Summary: spectral gap rho, p = 1 - (1 - rho)^2, rounds to halve the slowest mode
     ln 2 / (-ln(1 - rho)) (0 if rho = 1, inf if rho = 0), and mean messages per worker
@@ -434,7 +402,7 @@ def analyse(topology: Topology) -> dict:
         halve = float("inf")
     else:
         halve = math.log(2.0) / -math.log1p(-rho)
-    msgs = float(np.mean([m.messages_per_worker() for m in topology.mixings]))
+    msgs = float(np.mean([m.messages_per_worker for m in topology.mixings]))
     return {
         "name": topology.name,
         "n": topology.n,

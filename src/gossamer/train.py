@@ -1,8 +1,10 @@
 """The engine-agnostic training loop: config in, metric rows and a summary out.
 
 Nothing here knows about files or the command line: rows and checkpoints go to callbacks.
-One step for all workers: per-worker batches → loss and gradients (rows of G) → the algorithm's
-``on_gradients`` → the local optimizer → the algorithm's ``after_step`` → Ξ².
+One step for all workers (:func:`train_step`): per-worker batches → losses and gradients (rows
+of G) → φ² (when measured) → the schedule's ``on_gradients`` → the local optimizer → the
+schedule's ``after_step``. Metrics (loss, Ξ², φ², …) are measured every ``metrics_every`` steps
+and at every evaluation; between them the step takes no host synchronisation of its own.
 """
 
 from __future__ import annotations
@@ -15,18 +17,16 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from .algorithms import build_algorithm
+from .algorithms import Context, Schedule, Step, build_schedule
 from .config import Config, ConfigError
-from .consensus import Controller, Step, build_target
-from .data import load_dataset
+from .consensus import ema_factor
+from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
-from .engines.sim import SimEngine
+from .engines import Engine, build_engine
 from .models import build_model, no_decay_mask
-from .optim import SGD, Adam, decay_vector
-from .topology import build_topology, spectral_gap
+from .optim import OPTIMIZERS, decay_vector
+from .tasks import TASKS, Task
 from .workers import WorkerMatrix
-
-MNIST1D_SEED = 42  # the standard MNIST-1D data set; the run's seed only draws models and batches
 
 
 class Diverged(RuntimeError):
@@ -56,53 +56,55 @@ class Run:
     """Everything one training run is built from (see :func:`build_run`)."""
 
     cfg: Config
-    engine: object
-    data: object
+    engine: Engine
+    data: Dataset
+    task: Task
     workers: WorkerMatrix
-    optimizer: SGD | Adam
-    opt_state: dict
-    algorithm: object
+    optimizer: object  # an optim.SGD or optim.Adam: step(X, G, lr), rows, state_dict()
+    schedule: Schedule
     steps_per_epoch: int
     shards: list | None
 
 
-def build_run(cfg: Config, engine=None) -> Run:
-    """Build topology, data, model replicas, optimizer and schedule; ValueErrors name the option."""
-    device = resolve_device(cfg.device)
-    topology = build_topology(cfg.topology, cfg.workers, seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
-    dtype = getattr(torch, cfg.dtype)
-    if engine is None and cfg.engine == "dist":
-        from .engines.dist import DistEngine
+@dataclass
+class Progress:
+    """What the loop carries from step to step besides the run's state."""
 
-        engine = DistEngine(cfg.workers, cfg.dist_backend, cfg.dist_timeout, device)
-    engine = engine or SimEngine(cfg.workers)
-    data = load_dataset(cfg.dataset, cfg.num_samples, seed=MNIST1D_SEED)
-    data = type(data)(data.x_train.to(device, dtype), data.y_train.to(device),
-                      data.x_test.to(device, dtype), data.y_test.to(device), data.num_classes)
+    grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
+    extra_gossip_rounds: int = 0
+
+    def state_dict(self) -> dict:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: dict) -> None:
+        vars(self).update(state)
+
+
+def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = None,
+              reference: list[float] | None = None) -> Run:
+    """Build data, model replicas, optimizer and schedule; errors are ConfigErrors naming the option.
+
+    ``engine``: the engine to run on (default: the one ``cfg.engine`` names); ``data``: a data
+    set to use instead of loading ``cfg.dataset``; ``reference``: the Ξ_t² by step of the run a
+    ``consensus.target: run:DIR`` follows (:func:`gossamer.report.reference_trajectory`)."""
+    device = resolve_device(cfg.device)
+    dtype = getattr(torch, cfg.dtype)
+    data = (data or load_dataset(cfg)).to(device, dtype)
+    task = TASKS[data.task]
+    engine = engine or build_engine(cfg, device)
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)
               if cfg.partition == "dirichlet" else None)
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.num_classes).to(dtype)
-    workers = WorkerMatrix(model, len(engine.rows), device, backend=cfg.grad_backend)
+    model = build_model(cfg, data).to(dtype)
+    workers = WorkerMatrix(model, engine.m, device, backend=cfg.grad_backend, loss=task.loss)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
-    optimizer = build_optimizer(cfg, decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X))
-    opt_state = optimizer.init(workers.X)
-    controller = None
-    if cfg.consensus.target != "none":
-        p = 1 - (1 - spectral_gap(topology)) ** 2
-        controller = Controller(build_target(cfg, p, cfg.epochs * steps), cfg.consensus.max_extra_rounds,
-                                cfg.consensus.on_budget)
-    algorithm = build_algorithm(cfg, topology, [s.numel for s in workers.param_slots], list(opt_state.values()),
-                                steps, controller)
-    return Run(cfg, engine, data, workers, optimizer, opt_state, algorithm, steps, shards)
-
-
-def build_optimizer(cfg: Config, decay: torch.Tensor | None):
-    """The local optimizer: SGD (momentum, Nesterov), Adam or AdamW, with per-coordinate decay."""
-    if cfg.optimizer == "sgd":
-        return SGD(cfg.momentum, cfg.nesterov, decay)
-    return Adam(tuple(cfg.adam_betas), cfg.adam_eps, decay, decoupled=cfg.optimizer == "adamw")
+    decay = decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X)
+    optimizer = OPTIMIZERS[cfg.optimizer].build(cfg, workers.X, decay)
+    context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
+                      reference)
+    schedule = build_schedule(cfg, context)
+    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards)
 
 
 def epoch_indices(run: Run, epoch: int) -> torch.Tensor:
@@ -116,12 +118,49 @@ def epoch_indices(run: Run, epoch: int) -> torch.Tensor:
 
 
 def evaluate(run: Run) -> dict[str, float]:
-    """Test accuracy of the averaged model x̄ (with averaged buffers) and mean over local models."""
+    """The task's test metrics of the averaged model x̄ (with averaged buffers), and their mean
+    over the local models (``*_local_mean``)."""
     w, e, d = run.workers, run.engine, run.data
     x_bar, b_bar = e.mean_row(w.X), e.mean_row(w.B)
-    local = torch.tensor([w.accuracy(w.X[i], w.B[i], d.x_test, d.y_test) for i in range(w.m)])
-    return {"test_accuracy": w.accuracy(x_bar, b_bar, d.x_test, d.y_test),
-            "test_accuracy_local_mean": e.mean_scalar(local)}
+    metrics = run.task.evaluate(w.model_at(x_bar, b_bar), d.x_test, d.y_test)
+    local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in range(w.m)]
+    for key in list(metrics):
+        metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local]))
+    return metrics
+
+
+def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t: int, lr: float,
+               measure: bool) -> dict:
+    """One step of every worker on its batch (x [m, b, ...], y [m, b, ...]). Returns the step's
+    metric row when ``measure`` (else only what the schedule reports)."""
+    w, e, cfg = run.workers, run.engine, run.cfg
+    losses = w.loss_and_grad(x, y)
+    phi_sq = None
+    if measure:
+        phi_sq = e.mean_scalar(w.G.square().sum(1))  # φ_t² = (1/n) Σ_i ‖g_i‖², before any averaging
+        ema, beta = progress.grad_norm_sq_ema, ema_factor(cfg)
+        progress.grad_norm_sq_ema = phi_sq if ema is None else beta * ema + (1 - beta) * phi_sq
+    step = Step(t, lr, phi_sq or 0.0, progress.grad_norm_sq_ema or 0.0, measure)
+    run.schedule.on_gradients(e, w.X, w.G, step)
+    run.optimizer.step(w.X, w.G, lr)
+    metrics = run.schedule.after_step(e, w.X, step)
+    progress.extra_gossip_rounds += metrics.get("extra_gossip_rounds", 0)
+    if not measure:
+        return metrics
+    loss = e.mean_scalar(losses)
+    if not math.isfinite(loss):
+        raise Diverged(f"training diverged: loss is {loss} at step {t + 1} (epoch {(t + 1) / run.steps_per_epoch:g}, "
+                       f"lr {lr:g})")
+    return {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr, "loss": loss,
+            "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
+            "grad_norm_sq": phi_sq, "grad_norm_sq_ema": progress.grad_norm_sq_ema, **metrics}
+
+
+def checkpoint_state(run: Run, progress: Progress, step: int) -> dict:
+    """The run's state after ``step`` steps: tensors with a row per local worker under ``rows``."""
+    return {"step": step, "rows": {"X": run.workers.X, "B": run.workers.B},
+            "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
+            "comm": run.engine.comm.state_dict(), "progress": progress.state_dict()}
 
 
 def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = lambda row: None,
@@ -132,59 +171,52 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
     start = time.perf_counter()
     run = run or build_run(cfg)
     w, e = run.workers, run.engine
-    rows_here = torch.as_tensor(list(e.rows), device=w.X.device)
     S = run.steps_per_epoch
-    bar = tqdm(total=cfg.epochs * S, disable=None if progress else True, desc=f"{cfg.algorithm} n={cfg.workers}", leave=False)
+    bar = tqdm(total=cfg.epochs * S, disable=None if progress else True, desc=f"{cfg.algorithm} n={cfg.workers}",
+               leave=False)
+    state = Progress()
     row: dict = {}
-    grad_norm_sq_ema, extra_rounds = None, 0
-    run.algorithm.start(e, w.X)
+    run.schedule.start(e, w.X)
     for epoch in range(cfg.epochs):
-        idx = epoch_indices(run, epoch)[:, rows_here]
+        idx = epoch_indices(run, epoch)
         for s in range(S):
             t = epoch * S + s
-            lr = lr_at(cfg, t, S)
-            losses = w.loss_and_grad(run.data.x_train[idx[s]], run.data.y_train[idx[s]])
-            phi_sq = e.mean_scalar(w.G.square().sum(1))  # φ_t² = (1/n) Σ_i ‖g_i‖², before any averaging
-            grad_norm_sq_ema = phi_sq if grad_norm_sq_ema is None else (
-                cfg.consensus.ema * grad_norm_sq_ema + (1 - cfg.consensus.ema) * phi_sq)
-            step = Step(t, lr, phi_sq, grad_norm_sq_ema)
-            run.algorithm.on_gradients(e, w.X, w.G, step)
-            run.optimizer.step(w.X, w.G, run.opt_state, lr)
-            metrics = run.algorithm.after_step(e, w.X, step) or {}
-            loss = e.mean_scalar(losses)
-            if not math.isfinite(loss):
-                raise Diverged(f"training diverged: loss is {loss} at step {t + 1} (epoch {epoch + 1}, lr {lr:g})")
-            row = {"step": t + 1, "epoch": round((t + 1) / S, 6), "lr": lr, "loss": loss,
-                   "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
-                   "grad_norm_sq": phi_sq, "grad_norm_sq_ema": grad_norm_sq_ema, **metrics}
-            extra_rounds += metrics.get("extra_gossip_rounds", 0)
-            if s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs):
+            evaluating = s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs)
+            measure = evaluating or (t + 1) % cfg.metrics_every == 0
+            x, y = run.data.train_batch(idx[s], e.rows, seed=_batch_seed(cfg.seed, t))
+            metrics = train_step(run, state, x, y, t, lr_at(cfg, t, S), measure)
+            if measure:
+                row = metrics
+            if evaluating:
                 _check_finite(w, e, t)
                 row.update(evaluate(run))
                 row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
-                on_checkpoint({"step": t + 1, "X": w.X, "B": w.B, "optimizer": run.opt_state})
-                bar.set_postfix(acc=f"{row['test_accuracy']:.3f}", xi2=f"{row['consensus_distance_sq']:.2e}")
-            on_row(row)
+                on_checkpoint(checkpoint_state(run, state, t + 1))
+                bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
+                                xi2=f"{row['consensus_distance_sq']:.2e}")
+            if measure:
+                on_row(row)
             bar.update()
     bar.close()
+    final = {k: v for k, v in row.items() if k.startswith("test_")}
     return {
-        "test_accuracy": row["test_accuracy"],
-        "test_accuracy_local_mean": row["test_accuracy_local_mean"],
+        **final,
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
-        "comm_rounds": e.comm.rounds,
-        "extra_gossip_rounds": extra_rounds,
-        "messages_per_worker": e.comm.messages_per_worker,
-        "bytes_per_worker": e.comm.bytes_per_worker,
-        **{f"comm_rounds_{level}": r for level, r in sorted(e.comm.rounds_by_level.items())},
-        **{f"bytes_per_worker_{level}": b for level, b in sorted(e.comm.bytes_by_level.items())},
+        **e.comm.summary(),
+        "extra_gossip_rounds": state.extra_gossip_rounds,
         "steps": cfg.epochs * S,
         "parameters": w.d,
         "wall_seconds": time.perf_counter() - start,
     }
 
 
-def _check_finite(w: WorkerMatrix, e, t: int) -> None:
+def _batch_seed(seed: int, t: int) -> int:
+    """The seed of step t's augmentation draws (distinct per run seed and step)."""
+    return seed * 1_000_003 + t
+
+
+def _check_finite(w: WorkerMatrix, e: Engine, t: int) -> None:
     """All processes agree: any worker's NaN/inf stops every process."""
     bad = ~(torch.isfinite(w.X).all(1) & torch.isfinite(w.B).all(1))
     if e.mean_scalar(bad.to(w.X.dtype)) > 0:

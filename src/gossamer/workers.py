@@ -30,13 +30,15 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
-BACKENDS = ("auto", "loop", "vmap")
+from .tasks import cross_entropy
+
+GRAD_BACKENDS = ("auto", "loop", "vmap")
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,13 @@ class WorkerMatrix:
     """m replicas of ``template`` bound to rows of X (parameters), G (gradients) and B (buffers).
 
     All rows start from the template's parameters (every worker starts from the same model).
+    ``loss(output, target)`` is what each worker minimises (the task's loss).
     """
 
-    def __init__(self, template: nn.Module, m: int, device: torch.device | str = "cpu", backend: str = "loop"):
+    def __init__(self, template: nn.Module, m: int, device: torch.device | str = "cpu", backend: str = "loop",
+                 loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy):
         self.template = template.to(device)
+        self.loss = loss
         self.param_slots, self.d = _layout(list(template.named_parameters()))
         self.buffer_slots, self.d_buffers = _layout(_float_buffers(template))
         x0, b0 = flatten(self.template)
@@ -114,7 +119,7 @@ class WorkerMatrix:
         return model
 
     def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Cross-entropy of each worker on its batch (x [m, b, ...], y [m, b]); gradients land in G.
+        """The loss of each worker on its batch (x [m, b, ...], y [m, b, ...]); gradients land in G.
 
         Returns the per-worker losses [m]."""
         if self.backend == "vmap":
@@ -122,7 +127,7 @@ class WorkerMatrix:
         self.G.zero_()  # backward accumulates into the .grad views
         losses = torch.empty(self.m, dtype=self.X.dtype, device=self.X.device)
         for i, model in enumerate(self.replicas):
-            loss = F.cross_entropy(model(x[i]), y[i])
+            loss = self.loss(model(x[i]), y[i])
             loss.backward()  # frees worker i's activations before worker i + 1 runs
             losses[i] = loss.detach()
         return losses
@@ -138,9 +143,10 @@ class WorkerMatrix:
             self._leaves[s.name] = leaf
         # non-floating buffers (e.g. BatchNorm's num_batches_tracked) are passed, unbatched
         others = {n: b for n, b in template.named_buffers() if not b.is_floating_point()}
+        objective = self.loss
 
         def loss(params, x, y):
-            return F.cross_entropy(functional_call(template, (params, others), (x,)), y)
+            return objective(functional_call(template, (params, others), (x,)), y)
 
         # vmap of the forward only; the backward is ordinary autograd through the batched ops (a
         # grad transform inside vmap would import torch._dynamo, ~1 s of start-up, and copy into G)
@@ -157,20 +163,8 @@ class WorkerMatrix:
             losses.sum().backward()  # the losses are independent: d(sum)/dx_i = d(loss_i)/dx_i
         return losses.detach()
 
-    def tensor_views(self, row: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-parameter views of a row-shaped tensor (a row [d] or rows [k, d])."""
-        return {s.name: row[..., s.offset : s.offset + s.numel] for s in self.param_slots}
-
-    @torch.no_grad()
-    def accuracy(self, params: torch.Tensor, buffers: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-                 chunk: int = 4096) -> float:
-        """Test accuracy of the model with the given flat parameters [d] and buffers [d_b]."""
-        model = self._bind_eval(params, buffers)
-        correct = sum((model(x[i : i + chunk]).argmax(1) == y[i : i + chunk]).sum().item()
-                      for i in range(0, len(y), chunk))
-        return correct / len(y)
-
-    def _bind_eval(self, params: torch.Tensor, buffers: torch.Tensor) -> nn.Module:
+    def model_at(self, params: torch.Tensor, buffers: torch.Tensor) -> nn.Module:
+        """The template in eval mode with the given flat parameters [d] and buffers [d_b] (e.g. x̄)."""
         model = self.template
         for s in self.param_slots:
             _set_tensor(model, s.name, params[s.offset : s.offset + s.numel].view(s.shape), parameter=True)
@@ -181,8 +175,8 @@ class WorkerMatrix:
 
 def choose_backend(model: nn.Module, m: int, backend: str = "auto") -> str:
     """The gradient backend for ``m`` replicas of ``model``: ``loop`` or ``vmap`` (see module doc)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"grad_backend must be one of {', '.join(BACKENDS)}; got '{backend}'")
+    if backend not in GRAD_BACKENDS:
+        raise ValueError(f"grad_backend must be one of {', '.join(GRAD_BACKENDS)}; got '{backend}'")
     has_buffers = bool(_float_buffers(model))
     if backend == "vmap" and has_buffers:
         raise ValueError("grad_backend 'vmap' cannot update the model's BatchNorm running statistics "

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gossamer.cli import main
-from gossamer.compression import sign_compress
+from gossamer.codecs import SignCodec
 from gossamer.engines.dist import DistEngine
 from gossamer.engines.sim import SimEngine
 from gossamer.topology import build_topology
@@ -48,9 +48,10 @@ def engine_checks(n: int, d: int = 37) -> dict:
     for topo in ("one-peer-exponential", "complete", "exponential"):
         top = build_topology(topo, n)
         check(f"gossip {topo}", lambda e, X, top=top: [e.gossip_(X, top.mixing(t)) for t in range(4)] and None)
-    numels = [10, 27]
+    codec = SignCodec([10, 27], torch.float64)
     for size in (None, 2):
-        check(f"sign_mean({size})", lambda e, X, s=size: e.sign_mean(sign_compress(X, numels), numels, s))
+        check(f"all_gather sign mean ({size})", lambda e, X, s=size: e.all_gather(codec.encode(X), s).mean(codec.decode))
+    check("gossip Θ terms", lambda e, X: e.gossip_(X, ring.mixing(0), measure=True))
     check("mean_row", lambda e, X: e.mean_row(X))
     check("consensus_distance_sq", lambda e, X: e.consensus_distance_sq(X))
     check("mean_scalar", lambda e, X: e.mean_scalar(X[:, 0]))

@@ -1,5 +1,48 @@
-"""Engines: where the worker rows live and how the communication operators reach them.
+"""Engines: where the worker rows live and how the communication primitives reach them.
 
-``sim`` holds all n rows in one process (communication is tensor ops). Both engines count what a
-real network would carry in the same :class:`~gossamer.engines.comm.CommStats`.
+``sim`` holds all n rows in one process (communication is tensor ops); ``dist`` runs under
+torchrun, each of P processes holding n/P rows (:mod:`gossamer.engines.dist`). Both count what a
+real network would carry in the same :class:`~gossamer.engines.stats.CommStats`.
 """
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import ConfigError, Registry
+from .base import Engine
+from .sim import SimEngine
+
+ENGINES = Registry("engine")
+DIST_BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass
+class DistOptions:
+    dist_backend: str = "auto"  # auto: nccl on CUDA, gloo on CPU
+    dist_timeout: float = 60.0  # seconds before a lost peer stops the run
+
+    def validate(self, cfg) -> None:
+        if self.dist_backend not in DIST_BACKENDS:
+            raise ConfigError(f"unknown dist_backend '{self.dist_backend}'; choose one of: {', '.join(DIST_BACKENDS)}")
+        if not (self.dist_timeout > 0 and math.isfinite(self.dist_timeout)):
+            raise ConfigError(f"dist_timeout must be a finite number of seconds > 0, got {self.dist_timeout}")
+
+
+@ENGINES.register("sim", help="all n workers in this process (the simulator)")
+def _sim(cfg, device: torch.device) -> Engine:
+    return SimEngine(cfg.workers)
+
+
+@ENGINES.register("dist", options=DistOptions, help="torch.distributed: one of torchrun's P processes, n/P workers each")
+def _dist(cfg, device: torch.device) -> Engine:
+    from .dist import DistEngine
+
+    return DistEngine(cfg.workers, cfg.dist_backend, cfg.dist_timeout, device)
+
+
+def build_engine(cfg, device: torch.device) -> Engine:
+    return ENGINES[cfg.engine].build(cfg, device)

@@ -1,12 +1,11 @@
-"""The simulator: all n workers' rows in one process; communication operators are tensor ops."""
+"""The simulator: all n workers' rows in one process; communication primitives are tensor ops."""
 
 from __future__ import annotations
 
 import torch
 
-from ..compression import SignMessage, sign_decompress
 from ..topology import Mixing
-from .comm import CommStats
+from .base import Engine, Gathered
 
 
 def _group_mean_(X: torch.Tensor, group: int) -> None:
@@ -51,95 +50,47 @@ def _mix_gathers(X: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, out
     return out
 
 
-class SimEngine:
-    """n workers in one process. ``rows`` are the global indices of the rows held here (all)."""
+class SimEngine(Engine):
+    """n workers in one process: every row is here, communication is tensor ops."""
 
     def __init__(self, n: int):
-        self.n = n
-        self.rows = range(n)
-        self.comm = CommStats()
-        self._mixing_cache: dict[tuple, tuple] = {}
-        self._scratch: torch.Tensor | None = None  # one [n, d] buffer reused by gossip and Ξ²
-        self._gathered: torch.Tensor | None = None  # a second one, for graphs that are not shifts
+        super().__init__(n, range(n))
+        self._gathered: torch.Tensor | None = None  # a second [n, d] buffer, for graphs that are not shifts
 
-    def _scratch_like(self, X: torch.Tensor) -> torch.Tensor:
-        """An uninitialised buffer shaped like X, allocated once (not reallocated every step)."""
-        if self._scratch is None or self._scratch.shape != X.shape or self._scratch.dtype != X.dtype \
-                or self._scratch.device != X.device:
-            self._scratch = torch.empty_like(X)
-        return self._scratch
+    def _group_mean_(self, X: torch.Tensor, size: int) -> None:
+        _group_mean_(X, size)
 
-    def _gather_buffer(self, X: torch.Tensor) -> torch.Tensor:
+    def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        index, weight, dense, shifts = mixing.plan(("sim", X.dtype, X.device), lambda: self._plan(mixing, X))
+        mixed = self._scratch_like(X)
+        if dense is not None:
+            return torch.matmul(dense, X, out=mixed)
+        if shifts is not None:
+            return _mix_shifts(X, shifts, weight, out=mixed)
         if self._gathered is None or self._gathered.shape != X.shape or self._gathered.dtype != X.dtype \
                 or self._gathered.device != X.device:
             self._gathered = torch.empty_like(X)
-        return self._gathered
+        return _mix_gathers(X, index, weight, out=mixed, gathered=self._gathered)
 
-    def allreduce_mean_(self, X: torch.Tensor) -> None:
-        """Exact average: every row becomes mean_i X_i (in place)."""
-        _group_mean_(X, self.n)
-        self.comm.allreduce(X.shape[1], self.n, level="global")
+    def _plan(self, mixing: Mixing, like: torch.Tensor) -> tuple:
+        """(index, weight, dense W or None, shifts or None) on like's device and dtype. ``shifts``:
+        when every slot k is a cyclic shift, index[k, i] = (i + s_k) mod n (ring, exponential
+        graphs), the s_k: gossip then reads slices of X, no gathers."""
+        index = torch.tensor(mixing.index, device=like.device)
+        weight = torch.tensor(mixing.weight).to(like).unsqueeze(-1)
+        # a dense product beats K gathers once a worker has neighbours in about half the graph
+        dense = torch.tensor(mixing.dense()).to(like) if 2 * index.shape[0] > self.n else None
+        return index, weight, dense, _cyclic_shifts(mixing.index)
 
-    def block_mean_(self, X: torch.Tensor, block_size: int) -> None:
-        """Exact average inside each block of ``block_size`` consecutive workers (in place)."""
-        _group_mean_(X, block_size)
-        self.comm.allreduce(X.shape[1], block_size, level="block")
+    def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
+        rows = torch.arange(self.n, device=payload.device)
+        return Gathered(payload.view(self.n // size, size, payload.shape[1]), rows // size)
 
-    def sign_mean(self, message: SignMessage, numels: list[int], block_size: int | None = None) -> torch.Tensor:
-        """Row i ← mean of the decompressed messages of i's group (all n workers, or its block)."""
-        C = sign_decompress(message, numels)
-        _group_mean_(C, block_size or self.n)
-        self.comm.allgather(message.nbytes, block_size or self.n, level="block" if block_size else "global")
-        return C
-
-    def gossip_(self, X: torch.Tensor, mixing: Mixing, measure: bool = False) -> float | None:
-        """One gossip round X ← W X (in place), W the mixing matrix of this round.
-
-        With ``measure``, returns Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖², what the workers can
-        compute locally from the models they received (one scalar all-reduce)."""
-        index, weight, dense, peers, shifts = self._prepared(mixing, X)
-        mixed = self._scratch_like(X)
-        if dense is not None:
-            torch.matmul(dense, X, out=mixed)
-        elif shifts is not None:
-            _mix_shifts(X, shifts, weight, out=mixed)
-        else:
-            _mix_gathers(X, index, weight, out=mixed, gathered=self._gather_buffer(X))
-        theta_sq = (mixed - X).square().sum(1).mean().item() if measure else None
-        X.copy_(mixed)
-        self.comm.gossip(X.shape[1], peers)
-        return theta_sq
-
-    def _prepared(self, mixing: Mixing, like: torch.Tensor) -> tuple:
-        """(index, weight, dense W or None, messages per worker, shifts or None) on like's device
-        and dtype, cached. ``shifts``: when every slot k is a cyclic shift, index[k, i] = (i + s_k)
-        mod n (ring, exponential graphs), the s_k: gossip then reads slices of X, no gathers."""
-        key = (id(mixing), like.dtype, like.device)
-        if key not in self._mixing_cache:
-            index = torch.tensor(mixing.index, device=like.device)
-            weight = torch.tensor(mixing.weight).to(like).unsqueeze(-1)
-            # a dense product beats K gathers once a worker has neighbours in about half the graph
-            dense = (torch.tensor(mixing.dense()).to(like)
-                     if 2 * index.shape[0] > self.n else None)
-            # the mixing rides along so that its id (in the key) is never reused while cached
-            self._mixing_cache[key] = (index, weight, dense, mixing.messages_per_worker(),
-                                       _cyclic_shifts(mixing.index), mixing)
-        return self._mixing_cache[key][:5]
-
-    def mean_row(self, X: torch.Tensor) -> torch.Tensor:
-        """x̄ = (1/n) Σ_i x_i, without changing X."""
+    def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
         return X.mean(0)
 
-    def consensus_distance_sq(self, X: torch.Tensor) -> float:
-        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖²."""
-        diff = torch.sub(X, X.mean(0, keepdim=True), out=self._scratch_like(X))
-        return diff.square_().sum(1).mean().item()
+    def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
+        return values
 
-    def distance_sq_per_tensor(self, X: torch.Tensor, slots) -> dict[str, float]:
-        """Ξ² restricted to each parameter tensor (the per-layer consensus distance)."""
-        per_coordinate = (X - X.mean(0, keepdim=True)).square().mean(0)
-        return {s.name: per_coordinate[s.offset : s.offset + s.numel].sum().item() for s in slots}
-
-    def mean_scalar(self, values: torch.Tensor) -> float:
-        """Mean over all workers of a per-worker scalar [m]."""
-        return values.mean().item()
+    def gather_rows(self, T: torch.Tensor) -> torch.Tensor:
+        return T

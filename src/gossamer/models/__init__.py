@@ -1,22 +1,51 @@
-"""Model registry."""
+"""Model registry: each entry builds an ``nn.Module`` for a data set (its input shape and classes)
+and refuses, in one line, a data set it cannot take."""
 
 from __future__ import annotations
+
+import math
 
 from torch import nn
 
 from gossamer.models.cnn1d import CNN1D
 from gossamer.models.mlp import MLP
+from gossamer.models.resnet20 import ResNet20
+from gossamer.registry import ConfigError, Registry
 
-MODELS = {"mlp": MLP, "cnn1d": CNN1D}
+MODELS = Registry("model")
 
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
 
 
-def build_model(name: str, num_classes: int) -> nn.Module:
-    """Build a registered model by name."""
-    if name not in MODELS:
-        raise ValueError(f"unknown model '{name}'; choose one of: {', '.join(sorted(MODELS))}")
-    return MODELS[name](num_classes=num_classes)
+def _needs(model: str, data, shape_ok: bool, wants: str) -> None:
+    if not shape_ok or data.task != "classification":
+        raise ConfigError(f"model '{model}' takes {wants}, not the dataset's inputs of shape "
+                          f"{list(data.input_shape)} ({data.task})")
+
+
+@MODELS.register("mlp", help="fully connected, hidden widths 100, 100, ReLU (any classification input, flattened)")
+def _mlp(cfg, data) -> nn.Module:
+    _needs("mlp", data, data.x_train.is_floating_point(), "real-valued inputs for classification")
+    return MLP(in_features=math.prod(data.input_shape), num_classes=data.num_classes)
+
+
+@MODELS.register("cnn1d", help="the MNIST-1D paper's 1-D CNN (5,210 parameters), inputs [1, L]")
+def _cnn1d(cfg, data) -> nn.Module:
+    shape = data.input_shape
+    _needs("cnn1d", data, len(shape) == 2 and shape[0] == 1, "1-D signals [1, L] for classification")
+    return CNN1D(num_classes=data.num_classes, length=shape[1])
+
+
+@MODELS.register("resnet20", help="He et al.'s CIFAR ResNet-20 with BatchNorm (0.27 M parameters), inputs [3, 32, 32]")
+def _resnet20(cfg, data) -> nn.Module:
+    shape = data.input_shape
+    _needs("resnet20", data, len(shape) == 3 and shape[0] == 3, "images [3, H, W] for classification")
+    return ResNet20(num_classes=data.num_classes)
+
+
+def build_model(cfg, data) -> nn.Module:
+    """The model named by ``cfg.model`` for ``data``."""
+    return MODELS[cfg.model].build(cfg, data)
 
 
 def no_decay_mask(model: nn.Module) -> list[bool]:
@@ -26,4 +55,4 @@ def no_decay_mask(model: nn.Module) -> list[bool]:
     return [p.ndim <= 1 or id(p) in norm_params for _, p in model.named_parameters()]
 
 
-__all__ = ["CNN1D", "MLP", "MODELS", "build_model", "no_decay_mask"]
+__all__ = ["CNN1D", "MLP", "MODELS", "ResNet20", "build_model", "no_decay_mask"]

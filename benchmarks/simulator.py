@@ -1,6 +1,6 @@
 """Simulator benchmarks (docs/benchmarks.md): ratios measured side by side in one process.
 
-    python -m gossamer.bench [--quick] [--only 1,2,3,4,5] [--json FILE]
+    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5] [--json FILE] [--threads T]
 
 1. the simulator vs one process per worker (``gossamer train`` vs torchrun + ``engine=dist``),
    whole-process wall time including start-up;
@@ -31,19 +31,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from .engines.sim import SimEngine
-from .models import CNN1D, MLP
-from .models.resnet20 import ResNet20
-from .optim import SGD
-from .topology import build_topology
-from .workers import WorkerMatrix, choose_backend
+from gossamer.config import load_config
+from gossamer.data import Dataset
+from gossamer.models import build_model
+from gossamer.train import Progress, Run, build_run, train_step
+from gossamer.workers import choose_backend
 
-# model name -> (constructor, input shape of one sample, per-worker batch b)
-MODELS = {
-    "mlp": (MLP, (1, 40), 16),
-    "cnn1d": (CNN1D, (1, 40), 16),
-    "resnet20": (ResNet20, (3, 32, 32), 8),
-}
+# model name -> (input shape of one sample, per-worker batch b)
+MODELS = {"mlp": ((1, 40), 16), "cnn1d": ((1, 40), 16), "resnet20": ((3, 32, 32), 8)}
 
 
 def _median_interleaved(fns: dict, reps: int, warmup: int = 1) -> dict[str, float]:
@@ -62,35 +57,42 @@ def _median_interleaved(fns: dict, reps: int, warmup: int = 1) -> dict[str, floa
 
 def _batch(name: str, n: int, b: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    shape = MODELS[name][1]
+    shape = MODELS[name][0]
     return torch.randn(n, b, *shape, generator=g), torch.randint(0, 10, (n, b), generator=g)
 
 
-def sim_step(name: str, n: int, b: int, backend: str = "auto", engine=None, mixing=None):
-    """One training step of n workers (gradients + local Nesterov SGD [+ gossip + Ξ²])."""
-    torch.manual_seed(0)
-    w = WorkerMatrix(MODELS[name][0](), n, backend=backend)
-    opt = SGD(0.9, True)
-    state = opt.init(w.X)
+NO_SYNC = ("algorithm=local", "local_steps=1000000")  # local SGD that never averages: compute only
+
+
+def build(name: str, n: int, b: int, backend: str = "auto", algorithm: tuple[str, ...] = NO_SYNC) -> Run:
+    """A run of n workers of ``name`` on random data (one batch per worker), built as `gossamer
+    train` builds it; by default with no communication (the compute and the local optimizer)."""
     x, y = _batch(name, n, b)
+    data = Dataset(x.flatten(0, 1), y.flatten(), x[0], y[0], 10)
+    cfg = load_config(None, [f"workers={n}", f"batch_size={b}", f"model={name}", f"grad_backend={backend}",
+                             "momentum=0.9", "nesterov=true", "lr=0.01", "epochs=1", *algorithm])
+    return build_run(cfg, data=data)
+
+
+def sim_step(run: Run, measure: bool = False):
+    """One training step of every worker (gradients, local Nesterov SGD and the schedule)."""
+    x, y = _batch(run.cfg.model, run.cfg.workers, run.cfg.batch_size)
+    progress, t = Progress(), [0]
 
     def step():
-        w.loss_and_grad(x, y)
-        opt.step(w.X, w.G, state, 0.01)
-        if mixing is not None:
-            engine.gossip_(w.X, mixing)
-            engine.consensus_distance_sq(w.X)
-    step.workers = w
+        train_step(run, progress, x, y, t[0], 0.01, measure)
+        t[0] += 1
+    step.run = run
     return step
 
 
 def one_model_step(name: str, batch: int):
     """One training step of one model with batch n·b (torch.optim.SGD, Nesterov momentum)."""
-    torch.manual_seed(0)
-    model = MODELS[name][0]().train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
     x, y = _batch(name, 1, batch)
     x, y = x[0], y[0]
+    torch.manual_seed(0)
+    model = build_model(load_config(None, [f"model={name}"]), Dataset(x, y, x, y, 10)).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
 
     def step():
         opt.zero_grad(set_to_none=False)
@@ -135,12 +137,12 @@ def bench_one_model(quick: bool) -> list[dict]:
              [(m, n) for m in MODELS for n in (16, 64)])
     rows = []
     for name, n in cases:
-        b = MODELS[name][2] if not (quick and name == "resnet20") else 4
+        b = MODELS[name][1] if not (quick and name == "resnet20") else 4
         heavy = name == "resnet20"
-        sim = sim_step(name, n, b)
+        sim = sim_step(build(name, n, b))
         t = _median_interleaved({"sim": sim, "one": one_model_step(name, n * b)},
                                 reps=1 if heavy else 10)
-        rows.append({"model": name, "workers": n, "batch": b, "backend": sim.workers.backend,
+        rows.append({"model": name, "workers": n, "batch": b, "backend": sim.run.workers.backend,
                      "sim_ms": 1e3 * t["sim"], "one_ms": 1e3 * t["one"], "ratio": t["sim"] / t["one"]})
         _log(rows[-1])
     return rows
@@ -151,11 +153,12 @@ def bench_one_model(quick: bool) -> list[dict]:
 def bench_comm(quick: bool) -> list[dict]:
     n, rows = 64, []
     for name in ("cnn1d",) if quick else ("mlp", "cnn1d"):
-        b = MODELS[name][2]
-        compute = sim_step(name, n, b)
-        w = compute.workers
+        b = MODELS[name][1]
+        compute = sim_step(build(name, n, b))
+        w = compute.run.workers
         for topo in ("ring", "one-peer-exponential", "random-regular:4"):
-            engine, topology = SimEngine(n), build_topology(topo, n, seed=0)
+            gossip = build(name, n, b, algorithm=("algorithm=gossip", f"topology={topo}"))
+            engine, topology = gossip.engine, gossip.schedule.topology
             t_round = [0]
 
             def comm():
@@ -174,10 +177,10 @@ def bench_comm(quick: bool) -> list[dict]:
 def bench_backends(quick: bool, one_model_rows: list[dict]) -> list[dict]:
     rows = []
     for name, n in ([("mlp", 16), ("cnn1d", 16)] if quick else [(m, n) for m in ("mlp", "cnn1d") for n in (16, 64)]):
-        b = MODELS[name][2]
-        t = _median_interleaved({k: sim_step(name, n, b, backend=k) for k in ("loop", "vmap")},
-                                reps=5 if quick else 9)
-        auto = choose_backend(MODELS[name][0](), n)
+        b = MODELS[name][1]
+        runs = {k: build(name, n, b, backend=k) for k in ("loop", "vmap")}
+        t = _median_interleaved({k: sim_step(run) for k, run in runs.items()}, reps=5 if quick else 9)
+        auto = choose_backend(runs["loop"].workers.template, n)
         rows.append({"model": name, "workers": n, "batch": b, "loop_ms": 1e3 * t["loop"], "vmap_ms": 1e3 * t["vmap"],
                      "auto": auto, "auto_vs_fastest": t[auto] / min(t.values())})
         _log(rows[-1])
@@ -197,6 +200,11 @@ def _status_kib(field: str) -> int:
     raise KeyError(field)
 
 
+def _can_probe_memory() -> bool:
+    """Benchmark 5 reads and resets the peak RSS through Linux's /proc (VmHWM, clear_refs)."""
+    return os.access("/proc/self/clear_refs", os.W_OK) and Path("/proc/self/status").exists()
+
+
 def _activation_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
     """Bytes of the tensors autograd saves for backward in one forward (one set of activations)."""
     storages = {}
@@ -214,22 +222,23 @@ def _activation_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) 
 
 def memory_probe(n: int, b: int, steps: int) -> dict:
     """Run in a fresh process: peak RSS of `steps` ResNet-20 gossip steps of n workers above the
-    RSS before the worker matrix existed (the interpreter, torch and the data are not counted)."""
+    RSS before the run existed (the interpreter, torch and the data are not counted)."""
     x, y = _batch("resnet20", 1, b)
-    warm = ResNet20()
+    warm = build_model(load_config(None, ["model=resnet20"]), Dataset(x[0], y[0], x[0], y[0], 10))
     act = _activation_bytes(warm, x[0].clone(), y[0])
     F.cross_entropy(warm(x[0]), y[0]).backward()  # loads the kernels before the baseline
     del warm
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # give the warm-up's freed heap back: it must not hide the peak
     base = _status_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-    engine, topology = SimEngine(n), build_topology("ring", n)
-    step = sim_step("resnet20", n, b, engine=engine, mixing=topology.mixing(0))
+    step = sim_step(build("resnet20", n, b, backend="loop", algorithm=("algorithm=gossip", "topology=ring")))
+    engine, X = step.run.engine, step.run.workers.X
     t = time.perf_counter()
     for _ in range(steps):
-        step()
+        step()  # gradients, local step, one gossip round
+        engine.consensus_distance_sq(X)
     seconds = (time.perf_counter() - t) / steps
-    w = step.workers
+    w = step.run.workers
     peak = (_status_kib("VmHWM") - base) * 1024
     return {"workers": n, "batch": b, "d": w.d, "d_buffers": w.d_buffers, "peak_bytes": peak,
             "state_bytes": n * 3 * w.d * w.X.element_size(), "activation_bytes": act,
@@ -237,11 +246,11 @@ def memory_probe(n: int, b: int, steps: int) -> dict:
 
 
 def bench_memory(quick: bool) -> dict:
-    b = MODELS["resnet20"][2]
+    b = MODELS["resnet20"][1]
     sizes = (4, 16) if quick else (16, 64)
     probes = []
     for n in sizes:
-        cmd = [sys.executable, "-m", "gossamer.bench", "--memory-probe", str(n), str(b)]
+        cmd = [sys.executable, __file__, "--memory-probe", str(n), str(b)]
         probes.append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
         _log(probes[-1])
     ref = probes[-1] if quick else next(p for p in probes if p["workers"] == 64)
@@ -304,7 +313,7 @@ def report(res: dict) -> str:
     if "memory" in res:
         m = res["memory"]
         out += ["## 5. Memory and scale (ResNet-20, gossip on a ring, loop backend)", "",
-                "Peak RSS above the RSS before the worker matrix was built. Minimum = n × (params + grads + "
+                "Peak RSS above the peak before the run was built. Minimum = n × (params + grads + "
                 "momentum) × 4 B + one worker's saved activations.", "",
                 "| n | b | peak | n × (params + grads + momentum) | one set of activations | peak / minimum | step |",
                 "|---|---|---|---|---|---|---|"]
@@ -321,7 +330,7 @@ def report(res: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gossamer.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/simulator.py", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller cases, fewer repetitions (~2 min)")
     ap.add_argument("--only", default="1,2,3,4,5", help="comma-separated benchmark numbers")
     ap.add_argument("--json", type=Path, help="also save the raw figures here")
@@ -337,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     only = {int(s) for s in a.only.split(",")}
     start = time.perf_counter()
-    res: dict = {"command": "python -m gossamer.bench " + " ".join(argv if argv is not None else sys.argv[1:]),
+    res: dict = {"command": "python benchmarks/simulator.py " + " ".join(argv if argv is not None else sys.argv[1:]),
                  "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, "
                             f"torch {torch.__version__}, {torch.get_num_threads()} threads"}
     if 1 in only:
@@ -348,8 +357,10 @@ def main(argv: list[str] | None = None) -> int:
         res["comm"] = bench_comm(a.quick)
     if 4 in only:
         res["backends"] = bench_backends(a.quick, res["one_model"])
-    if 5 in only:
+    if 5 in only and _can_probe_memory():
         res["memory"] = bench_memory(a.quick)
+    elif 5 in only:
+        print("benchmark 5 skipped: it reads the peak RSS from Linux's /proc", file=sys.stderr)
     res["seconds"] = time.perf_counter() - start
     print(f"`{res['command']}` — {res['machine']}; {res['seconds']:.0f} s\n")
     print(report(res))

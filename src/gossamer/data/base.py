@@ -1,0 +1,65 @@
+"""What a data set is to the training loop: train and test tensors, a task, per-worker batches."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..registry import Registry
+
+DATASETS = Registry("dataset")
+
+
+def default_cache_dir() -> Path:
+    """$GOSSAMER_CACHE if set, else ~/.cache/gossamer."""
+    return Path(os.environ.get("GOSSAMER_CACHE", Path.home() / ".cache" / "gossamer"))
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Train/test tensors (inputs [N, ...], targets [N] or [N, T]) and what to learn from them.
+
+    ``num_classes`` is the model's output size (classes, or the vocabulary of a language model);
+    ``task`` names a :data:`gossamer.tasks.TASKS` entry. ``augment(x, rows, n, generator)``, when
+    set, is the training augmentation of the batches x [m, b, ...] of workers ``rows`` (of n),
+    drawn per worker and per sample on x's device, the same for a worker whichever engine holds
+    it (never applied to the test set).
+    """
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+    task: str = "classification"
+    augment: Callable[[torch.Tensor, range, int, torch.Generator], torch.Tensor] | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_train.shape[1:])
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Dataset:
+        """On ``device``, floating inputs in ``dtype`` (targets and token inputs keep theirs)."""
+        def move(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, dtype) if t.is_floating_point() else t.to(device)
+        return replace(self, x_train=move(self.x_train), y_train=move(self.y_train),
+                       x_test=move(self.x_test), y_test=move(self.y_test))
+
+    def train_batch(self, idx: torch.Tensor, rows: range, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Inputs and targets of workers ``rows``, whose batches are ``idx[rows]`` (``idx``: every
+        worker's sample indices [n, b]); augmented deterministically in ``seed`` if the data set
+        augments."""
+        local = idx[rows.start : rows.stop]
+        x = self.x_train[local]
+        if self.augment is not None:
+            x = self.augment(x, rows, idx.shape[0], torch.Generator(device=x.device).manual_seed(seed))
+        return x, self.y_train[local]
+
+
+def load_dataset(cfg) -> Dataset:
+    """The data set named by ``cfg.dataset``, built from its options."""
+    return DATASETS[cfg.dataset].build(cfg)

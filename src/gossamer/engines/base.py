@@ -1,0 +1,164 @@
+"""What every engine shares: the public operators, their counting, and the metric maths.
+
+An engine holds some rows of the worker matrix (``rows``: their global worker indices; all n in
+the simulator, a block of n/P in each of P processes) and moves data between workers. A subclass
+implements only the primitives, each the minimum a real network must do:
+
+- ``_group_mean_(X, size)``: rows of each group of ``size`` consecutive workers ← their mean;
+- ``_mixed(X, mixing)``: W X for the rows held here (neighbours' rows exchanged, then combined
+  by :func:`mix_rows`), into a buffer, X unchanged;
+- ``_all_gather(payload, size)``: every member's byte message of each group that holds rows here;
+- ``_row_mean(X)``: x̄ = (1/n) Σ_i x_i over all workers (X unchanged);
+- ``_gather_scalars(values)``: one value per worker, all n of them in worker order;
+- ``gather_rows(T)``: the full [n, ...] tensor of a local [m, ...] one, where the run is written.
+
+This base turns them into the operators that schedules call, counts each in ``comm`` (the
+algorithm's traffic by level, measurement traffic apart), and computes Ξ² and the other metrics
+once for every engine. Engines know nothing of algorithms, codecs or files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..topology import Mixing
+from .stats import BYTES_PER_VALUE, CommStats, allreduce_bytes
+
+
+def mix_rows(source: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Neighbour-slot gossip combine: out_i = sum_k weight[k, i] * source[index[k, i]].
+
+    ``index`` [K, m] addresses rows of ``source``; ``weight`` is [K, m, 1]. Slot 0 is the worker
+    itself. The sim engine passes all rows as ``source``; the dist engine its own rows followed
+    by the rows received from neighbours, with ``index`` remapped to that order.
+    """
+    out = source[index[0]] * weight[0]
+    for k in range(1, index.shape[0]):
+        out.addcmul_(source[index[k]], weight[k])
+    return out
+
+
+@dataclass
+class Gathered:
+    """The byte messages of every group that holds rows here: ``messages`` [g, size, B] (each
+    group's members in worker order) and ``row_group`` [m], the group of each local row."""
+
+    messages: torch.Tensor
+    row_group: torch.Tensor
+
+    def mean(self, decode) -> torch.Tensor:
+        """Per local row, the mean over its group of the decoded messages: [m, d]."""
+        g, size, _ = self.messages.shape
+        decoded = decode(self.messages.flatten(0, 1))
+        return decoded.view(g, size, -1).mean(1)[self.row_group]
+
+
+class Engine:
+    """The worker rows held here (``rows``, of ``n``) and the communication operators over them."""
+
+    is_root = True  # the process that writes the run directory
+
+    def __init__(self, n: int, rows: range):
+        self.n, self.rows = n, rows
+        self.comm = CommStats()
+        self._scratch: torch.Tensor | None = None
+
+    @property
+    def m(self) -> int:
+        return len(self.rows)
+
+    # ------------------------------------------------------------------ the algorithm's traffic
+
+    def allreduce_mean_(self, X: torch.Tensor) -> None:
+        """Exact average: every row becomes mean_i X_i (in place). A ring all-reduce of d values."""
+        self._group_mean_(X, self.n)
+        self.comm.allreduce(X.shape[1], self.n, level="global")
+
+    def block_mean_(self, X: torch.Tensor, block_size: int) -> None:
+        """Exact average inside each block of ``block_size`` consecutive workers (in place)."""
+        self._group_mean_(X, block_size)
+        self.comm.allreduce(X.shape[1], block_size, level="block")
+
+    def gossip_(self, X: torch.Tensor, mixing: Mixing, measure: bool = False) -> torch.Tensor | None:
+        """One gossip round X ← W X (in place), W the mixing matrix of this round.
+
+        With ``measure``, returns each local row's ‖Σ_j w_ij x_j − x_i‖² [m]: what worker i can
+        compute from the models it received (their mean is Θ², see :meth:`mean_scalar`)."""
+        mixed = self._mixed(X, mixing)
+        change = (mixed - X).square().sum(1) if measure else None
+        X.copy_(mixed)
+        self.comm.gossip(X.shape[1], mixing.messages_per_worker)
+        return change
+
+    def all_gather(self, payload: torch.Tensor, block_size: int | None = None) -> Gathered:
+        """Every worker's byte message (uint8 [m, B]) to every member of its group: all n workers,
+        or its block of ``block_size`` consecutive workers. Counted as a ring all-gather of B bytes."""
+        size = block_size or self.n
+        gathered = self._all_gather(payload.contiguous(), size)
+        self.comm.allgather(payload.shape[1], size, level="block" if block_size else "global")
+        return gathered
+
+    # ------------------------------------------------------------------ measurement (counted apart)
+
+    def mean_row(self, X: torch.Tensor) -> torch.Tensor:
+        """x̄ = (1/n) Σ_i x_i over all workers, without changing X: an all-reduce of d values."""
+        self.comm.metrics(allreduce_bytes(X.shape[1], self.n))
+        return self._row_mean(X)
+
+    def mean_scalar(self, values: torch.Tensor) -> float:
+        """Mean over all n workers of a per-worker scalar (local values [m]), in worker order."""
+        self.comm.metrics((self.n - 1) * BYTES_PER_VALUE)
+        return self._gather_scalars(values).mean().item()
+
+    def consensus_distance_sq(self, X: torch.Tensor) -> float:
+        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖²."""
+        diff = torch.sub(X, self.mean_row(X), out=self._scratch_like(X))
+        return self.mean_scalar(diff.square_().sum(1))
+
+    def distance_sq_per_tensor(self, X: torch.Tensor, slots) -> dict[str, float]:
+        """Ξ² restricted to each parameter tensor (the per-layer consensus distance)."""
+        per_coordinate = self.mean_row((X - self.mean_row(X)).square())
+        return {s.name: per_coordinate[s.offset : s.offset + s.numel].sum().item() for s in slots}
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def gather_state(self, state):
+        """A state with every tensor under a ``rows`` key (one row per local worker) gathered to
+        all n rows where the run is written (None elsewhere); other values are kept as they are."""
+        def walk(value, rows: bool = False):
+            if rows and isinstance(value, torch.Tensor):
+                return self.gather_rows(value)
+            if isinstance(value, dict):
+                return {k: walk(v, rows or k == "rows") for k, v in value.items()}
+            return value
+        full = walk(state)
+        return full if self.is_root else None
+
+    # ------------------------------------------------------------------ primitives (subclasses)
+
+    def _group_mean_(self, X: torch.Tensor, size: int) -> None:
+        raise NotImplementedError
+
+    def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
+        raise NotImplementedError
+
+    def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def gather_rows(self, T: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def _scratch_like(self, X: torch.Tensor) -> torch.Tensor:
+        """An uninitialised buffer shaped like X, allocated once (not every step)."""
+        s = self._scratch
+        if s is None or s.shape != X.shape or s.dtype != X.dtype or s.device != X.device:
+            self._scratch = torch.empty_like(X)
+        return self._scratch

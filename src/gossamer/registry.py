@@ -1,0 +1,99 @@
+"""Registries: one per concept (algorithm, codec, dataset, model, optimizer, topology, engine).
+
+An entry maps a name to its builder, the dataclass of the options it owns (the config keys that
+apply to it, with their defaults and a ``validate(cfg)``) and one line of help. Config
+validation, the command line's help and the builders all read the same registry, so a new
+algorithm, data set or model is one registered function in the module that owns the concept.
+
+Some concepts take a parameter in their name (``random-regular:4``, ``edges:FILE``, ``top-k:0.01``):
+:meth:`Registry.parse` splits such a spec into its entry and the text after the colon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+
+class ConfigError(ValueError):
+    """Bad input: the message is one line naming the option and what is allowed (CLI: exit 2)."""
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """An entry that owns no config keys."""
+
+    def validate(self, cfg: Any) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One registered name: ``build`` makes the thing, ``options`` is the dataclass of its keys."""
+
+    name: str
+    build: Callable
+    options: type = NoOptions
+    help: str = ""
+    spec: str = ""  # how the name is written when it takes a parameter, e.g. "random-regular[:D]"
+    takes: str = "none"  # parameter after the colon: "none", "optional" or "required"
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(self.options))
+
+
+class Registry:
+    """Name → :class:`Entry` for one kind of thing (``kind`` names it in errors and help)."""
+
+    def __init__(self, kind: str, error: type[ConfigError] = ConfigError):
+        self.kind = kind
+        self.error = error
+        self.entries: dict[str, Entry] = {}
+
+    def register(self, name: str, *, options: type = NoOptions, help: str = "", spec: str = "",
+                 takes: str = "none") -> Callable:
+        """Decorator: register the decorated builder under ``name``."""
+        def add(build: Callable) -> Callable:
+            if name in self.entries:
+                raise RuntimeError(f"{self.kind} '{name}' registered twice")
+            self.entries[name] = Entry(name, build, options, help, spec or name, takes)
+            return build
+        return add
+
+    def names(self) -> list[str]:
+        return list(self.entries)
+
+    def choices(self) -> str:
+        return ", ".join(e.spec for e in self.entries.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def __getitem__(self, name: str) -> Entry:
+        if not isinstance(name, str) or name not in self.entries:
+            shown = name if isinstance(name, str) else repr(name)
+            raise self.error(f"unknown {self.kind} '{shown[:100]}'; choose one of: {self.choices()}")
+        return self.entries[name]
+
+    def parse(self, spec: str) -> tuple[Entry, str | None]:
+        """``name`` or ``name:param`` → (entry, param or None), checking that the entry takes one."""
+        if not isinstance(spec, str) or not spec.strip():
+            raise self.error(f"{self.kind} must be a non-empty name; choose one of: {self.choices()}")
+        base, sep, param = spec.partition(":")
+        entry = self[base.strip()]
+        param = param.strip() if sep else None
+        if param is not None and entry.takes == "none":
+            raise self.error(f"{self.kind} '{entry.name}' takes no parameter, got '{spec[:100]}'")
+        if not param and entry.takes == "required":
+            raise self.error(f"{self.kind} '{entry.name}' needs a parameter: '{entry.spec}'")
+        if param == "" and entry.takes == "optional":
+            raise self.error(f"{self.kind} '{entry.name}' has an empty parameter in '{spec[:100]}'")
+        return entry, param
+
+    def owners(self, key: str) -> list[str]:
+        """The entries whose options include ``key``."""
+        return [e.name for e in self.entries.values() if key in e.keys]
+
+    def help(self) -> str:
+        return "\n".join(f"  {e.spec:<24} {e.help}" for e in self.entries.values())

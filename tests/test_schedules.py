@@ -1,0 +1,137 @@
+"""Which communication primitive each schedule calls at which step, recorded by a fake engine
+(no processes); and that measurement never changes training and is counted apart."""
+
+import pytest
+import torch
+
+from conftest import small_config, train_rows
+from gossamer.engines.sim import SimEngine
+from gossamer.engines.stats import allreduce_bytes
+from gossamer.train import build_run, train
+
+S = 12  # steps per epoch of the small config
+
+
+class RecordingEngine(SimEngine):
+    """The simulator, recording every communication primitive as (step, op, which rows)."""
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.calls, self.t, self.names = [], None, {}
+
+    def _log(self, op: str, X: torch.Tensor, *args) -> None:
+        self.calls.append((self.t, op, self.names.get(X.data_ptr(), "other"), *args))
+
+    def allreduce_mean_(self, X):
+        self._log("allreduce", X)
+        super().allreduce_mean_(X)
+
+    def block_mean_(self, X, block_size):
+        self._log("block", X, block_size)
+        super().block_mean_(X, block_size)
+
+    def gossip_(self, X, mixing, measure=False):
+        self._log("gossip", X)
+        return super().gossip_(X, mixing, measure)
+
+    def all_gather(self, payload, block_size=None):
+        self.calls.append((self.t, "all_gather", payload.shape[1], block_size))
+        return super().all_gather(payload, block_size)
+
+
+def record(*overrides: str, steps: int = 2 * S) -> list[tuple]:
+    """Drive a schedule by hand through ``steps`` steps (the loop's hooks, in its order) and
+    return the primitives it called, by step."""
+    from gossamer.algorithms import Step
+
+    cfg = small_config(*overrides)
+    engine = RecordingEngine(cfg.workers)
+    run = build_run(cfg, engine=engine)
+    w = run.workers
+    engine.names = {w.X.data_ptr(): "X", w.G.data_ptr(): "G",
+                    **{t.data_ptr(): f"opt.{k}" for k, t in run.optimizer.rows.items()}}
+    run.schedule.start(engine, w.X)
+    for t in range(steps):
+        engine.t = t
+        w.G.normal_()
+        step = Step(t, lr=0.01, measure=False)
+        run.schedule.on_gradients(engine, w.X, w.G, step)
+        run.optimizer.step(w.X, w.G, 0.01)
+        run.schedule.after_step(engine, w.X, step)
+    return engine.calls
+
+
+def test_local_sgd_h4_averages_the_parameters_after_every_fourth_step():
+    assert record("algorithm=local", "local_steps=4") == [(t, "allreduce", "X") for t in (3, 7, 11, 15, 19, 23)]
+
+
+def test_post_local_averages_gradients_before_the_switch_then_parameters_every_h():
+    calls = record("algorithm=post-local", "switch_step=5", "local_steps=3")
+    assert calls == [(t, "allreduce", "G") for t in range(5)] + [(t, "allreduce", "X") for t in (7, 10, 13, 16, 19, 22)]
+
+
+def test_hierarchical_block_averages_and_every_hb_th_a_global_one():
+    calls = record("algorithm=hierarchical", "block_size=2", "block_rounds=3", "local_steps=2")
+    expected = [(t, "allreduce", "X") if (t + 1) // 2 % 3 == 0 else (t, "block", "X", 2) for t in range(1, 24, 2)]
+    assert calls == expected
+
+
+def test_compressed_local_sgd_all_gathers_packed_messages():
+    calls = record("algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=3",
+                   "compression=ef-sign", steps=12)
+    d_bytes = -(-5210 // 8) + 4 * 8  # ⌈d/8⌉ sign bytes + a float32 scale per tensor (8 tensors)
+    assert calls == [(2, "all_gather", d_bytes, 2), (5, "all_gather", d_bytes, None),
+                     (8, "all_gather", d_bytes, 2), (11, "all_gather", d_bytes, None)]
+
+
+def test_gossip_with_phases_and_the_average_when_an_allreduce_phase_starts():
+    calls = record("algorithm=gossip", "epochs=2", "momentum=0.9", "phases=[allreduce,gossip,allreduce]",
+                   "phase_epochs=[0.5,1]", "average_optimizer_state=true")
+    phase1 = [(t, "allreduce", "G") for t in range(6)]
+    phase2 = [c for t in range(6, 12) for c in ((t, "gossip", "opt.momentum"), (t, "gossip", "X"))]
+    switch = [(11, "allreduce", "X"), (11, "allreduce", "opt.momentum")]
+    phase3 = [(t, "allreduce", "G") for t in range(12, 24)]
+    assert calls == phase1 + phase2 + switch + phase3
+
+
+def test_mix_then_step_gossips_before_the_local_step():
+    calls = record("algorithm=gossip", "gossip_form=mix-then-step", steps=3)
+    assert calls == [(t, "gossip", "X") for t in range(3)]
+
+
+def test_diloco_averages_every_h_steps_for_its_outer_step():
+    assert record("algorithm=diloco", "local_steps=5") == [(t, "allreduce", "X") for t in (4, 9, 14, 19)]
+
+
+def test_allreduce_averages_gradients_every_step():
+    assert record("algorithm=allreduce", steps=4) == [(t, "allreduce", "G") for t in range(4)]
+
+
+# ---------------------------------------------------------------- measurement
+
+
+@pytest.mark.parametrize("overrides", [("algorithm=gossip",), ("algorithm=local", "local_steps=3")])
+def test_metrics_every_changes_rows_and_measurement_traffic_not_training(overrides):
+    every, every_row = train_rows(*overrides, "metrics_every=5")[1:], train_rows(*overrides)[1:]
+    (sparse, run_sparse), (dense, run_dense) = every, every_row
+    torch.testing.assert_close(run_sparse.workers.X, run_dense.workers.X, rtol=0, atol=0)
+    for key in ("comm_rounds", "bytes_per_worker", "final_loss", "test_accuracy", "final_consensus_distance_sq"):
+        assert sparse[key] == dense[key], key
+    assert 0 < sparse["bytes_per_worker_metrics"] < dense["bytes_per_worker_metrics"]
+    rows, _, _ = train_rows(*overrides, "metrics_every=5")
+    assert [r["step"] for r in rows] == [5, 10, 12, 15, 20, 24]  # every 5th step, and each evaluation
+
+
+def test_measurement_traffic_is_counted_apart_and_exactly():
+    """allreduce, n = 4: the algorithm's bytes are its gradient all-reduces alone; measurement is
+    φ², loss and Ξ² at each measured step, plus what each evaluation reads."""
+    cfg = small_config("algorithm=allreduce", "metrics_every=3")
+    run = build_run(cfg)
+    summary = train(cfg, run)
+    n, d, steps = 4, run.workers.d, summary["steps"]
+    g, r = (n - 1) * 4, allreduce_bytes(d, n)  # a scalar all-gather, an all-reduce of d values
+    measured, evaluations = len({*range(3, steps + 1, 3), S, 2 * S}), 2
+    per_step = 3 * g + r  # φ², loss, Ξ² (x̄ and one scalar)
+    per_evaluation = g + (r + 0) + g + 2 * r  # finite check, x̄ and b̄ (no buffers), local mean, per layer
+    assert summary["bytes_per_worker"] == steps * r
+    assert summary["bytes_per_worker_metrics"] == pytest.approx(measured * per_step + evaluations * per_evaluation)
