@@ -8,7 +8,7 @@ from gossamer.topology import (
     Mixing,
     Topology,
     TopologyError,
-    _check_doubly_stochastic,
+    _check_stochastic,
     analyse,
     build_topology,
     spectral_gap,
@@ -245,12 +245,13 @@ def test_errors(tmp_path):
         _raises(f"edges:{edges}", 4, "'edges'", *fragments)
 
 
-def test_check_doubly_stochastic():
-    _check_doubly_stochastic(np.eye(3), "x")
-    with pytest.raises(TopologyError, match="'x'"):
-        _check_doubly_stochastic(np.array([[0.5, 0.5], [0.4, 0.6]]), "x")
+def test_check_stochastic():
+    assert _check_stochastic(np.eye(3), "x") is True
+    assert not _check_stochastic(np.array([[0.5, 0.0], [0.5, 1.0]]), "x")  # column- but not row-stochastic
+    with pytest.raises(TopologyError, match="'x'.*not column stochastic"):
+        _check_stochastic(np.array([[0.5, 0.5], [0.4, 0.6]]), "x")
     with pytest.raises(TopologyError, match="negative"):
-        _check_doubly_stochastic(np.array([[1.5, -0.5], [-0.5, 1.5]]), "x")
+        _check_stochastic(np.array([[1.5, -0.5], [-0.5, 1.5]]), "x")
 
 
 def test_time_varying_gap_and_analyse():

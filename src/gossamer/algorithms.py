@@ -19,7 +19,7 @@ from typing import Protocol
 
 import torch
 
-from .codecs import Compressor, build_compressor, check_spec
+from .codecs import ERROR_FEEDBACK, Compressor, build_compressor, check_spec
 from .consensus import ConsensusConfig, Controller, build_target
 from .optim import SGD
 from .registry import ConfigError, Registry
@@ -80,9 +80,10 @@ class ModelSync:
     block reference.
     """
 
-    compression: str = "none"  # none, or a codec spec (sign, ef-sign, ...)
+    compression: str = "none"  # none, or a codec spec (sign, ef-top-k:0.01, ...)
     numels: list[int] = field(default_factory=list)
     shared_state: list[torch.Tensor] = field(default_factory=list)
+    seed: int = 0  # of random codecs' draws
     ref: dict[str, torch.Tensor] = field(default_factory=dict)
     compressors: dict[str, Compressor] = field(default_factory=dict)
 
@@ -90,17 +91,19 @@ class ModelSync:
         """Take X (identical rows) as the reference of every level."""
         if self.compression != "none":
             self.ref = {level: X.clone() for level in levels}
-            self.compressors = {level: build_compressor(self.compression, self.numels, X) for level in levels}
+            self.compressors = {level: build_compressor(self.compression, self.numels, X, self.seed)
+                                for level in levels}
 
-    def __call__(self, engine, X: torch.Tensor, block_size: int | None = None) -> None:
+    def __call__(self, engine, X: torch.Tensor, round: int, block_size: int | None = None) -> None:
+        """Average X at step ``round`` (which numbers random codecs' draws)."""
         level = "block" if block_size else "global"
         if self.compression == "none":
             for rows in (X, *self.shared_state):
                 engine.block_mean_(rows, block_size) if block_size else engine.allreduce_mean_(rows)
             return
         compressor = self.compressors[level]
-        messages = engine.all_gather(compressor.compress(X - self.ref[level]), block_size)
-        X.copy_(self.ref[level].add_(messages.mean(compressor.codec.decode)))
+        messages = engine.all_gather(compressor.compress(X - self.ref[level], round, engine.rows), block_size)
+        X.copy_(self.ref[level].add_(messages.mean(lambda m: compressor.codec.decode(m, round))))
         if level == "global":
             for name, ref in self.ref.items():
                 if name != "global":
@@ -179,9 +182,9 @@ class LocalSGD:
             return {}
         sync_round = local_steps_done // self.local_steps
         if self.block_size and sync_round % self.block_rounds:
-            self.sync(engine, X, self.block_size)
+            self.sync(engine, X, t, self.block_size)
         else:
-            self.sync(engine, X)
+            self.sync(engine, X, t)
         return {}
 
     def state_dict(self) -> dict:
@@ -200,11 +203,18 @@ class Decentralized:
 
     ``step-then-mix`` (the paper's form): X ← (X − η ∂F(X)) W — local step, then one gossip round.
     ``mix-then-step`` (Lian et al.'s D-PSGD form): X ← X W − η ∂F(X), the gradient taken at the
-    pre-mixing models. In a ``controlled`` phase the controller adds rounds until Ξ ≤ target.
-    Round r uses W_r (time-varying graphs advance per round, extra rounds included). Entering an
-    all-reduce phase from a decentralized one averages the models and the ``optimizer_state``
-    once (else the local momenta would pull the models apart again). ``shared_state`` (optimizer
-    state communicated with the parameters) is mixed alike.
+    pre-mixing models. In a ``controlled`` phase the controller adds rounds until Ξ ≤ target (or,
+    with ``consensus.measure: estimate``, until the bound (2/p)Θ ≤ target). Round r uses W_r
+    (time-varying graphs advance per round, extra rounds included). Entering an all-reduce phase
+    from a decentralized one averages the models and the ``optimizer_state`` once (else the local
+    momenta would pull the models apart again). ``shared_state`` (optimizer state communicated with
+    the parameters) is mixed alike.
+
+    Quasi-global momentum (Lin, Kong, Stich, Jaggi, ICML 2021; ``momentum_buffer`` set): in a
+    decentralized step the local SGD step uses m_i = β m̂_i + g_i, and after the step's
+    communication the buffer becomes m̂_i ← μ m̂_i + (1 − μ) (x_i^(t) − x_i^(t+1)) / η_t: the
+    model change, gossip included, instead of the local gradients alone (μ = β, as in the
+    authors' code: factor 1 − μ = 0.1 at β = 0.9).
     """
 
     topology: Topology
@@ -214,9 +224,12 @@ class Decentralized:
     controller: Controller | None = None
     shared_state: list[torch.Tensor] = field(default_factory=list)
     optimizer_state: list[torch.Tensor] = field(default_factory=list)
+    momentum_buffer: torch.Tensor | None = None  # m̂ of quasi-global momentum (None: local momentum)
+    momentum: float = 0.0  # μ
     rounds: int = 0
     _change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round
     _mixing: Mixing | None = None
+    _before: tuple[torch.Tensor, torch.Tensor] | None = None  # x^(t) and m̂ at the start of the step
 
     def start(self, engine, X: torch.Tensor) -> None:
         pass
@@ -232,23 +245,48 @@ class Decentralized:
         self._mixing = mixing
         return engine.gossip_(X, mixing, measure=measure)
 
+    def _bounded_round(self, engine, X: torch.Tensor) -> float:
+        """One gossip round; the bound (2/p)Θ on Ξ that it gives (one scalar all-reduce)."""
+        change = self._round(engine, X, measure=True)
+        return local_estimate(engine.mean_scalar(change), self._mixing)["consensus_distance_bound"]
+
+    def _estimating(self, k: int) -> bool:
+        """Whether phase k's control decides from the local estimate (so every round measures Θ)."""
+        return self.modes[k] == "controlled" and self.controller.measure == "estimate"
+
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         mode = self.modes[self.phase(step.t)]
         if mode == "allreduce":
             engine.allreduce_mean_(G)
-        elif self.form == "mix-then-step":
+            return
+        if self.momentum_buffer is not None:
+            if self._before is None:
+                self._before = (torch.empty_like(X), torch.empty_like(self.momentum_buffer))
+            self._before[0].copy_(X)
+            self._before[1].copy_(self.momentum_buffer)
+        if self.form == "mix-then-step":
             self._change = self._round(engine, X, measure=step.measure)
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         k = self.phase(step.t)
         metrics = {"phase": k + 1, "extra_gossip_rounds": 0}
         if self.modes[k] != "allreduce":
+            estimating = self._estimating(k)
             if self.form == "step-then-mix":
-                self._change = self._round(engine, X, measure=step.measure)
+                self._change = self._round(engine, X, measure=step.measure or estimating)
+            estimate = None
+            if step.measure or estimating:
+                estimate = local_estimate(engine.mean_scalar(self._change), self._mixing)
             if step.measure:
-                metrics.update(local_estimate(engine.mean_scalar(self._change), self._mixing))
+                metrics.update(estimate)
             if self.modes[k] == "controlled":
-                metrics.update(self.controller.control(engine, X, step, lambda: self._round(engine, X)))
+                bound = estimate["consensus_distance_bound"] if estimating else None
+                round_ = (lambda: self._bounded_round(engine, X)) if estimating else (lambda: self._round(engine, X))
+                metrics.update(self.controller.control(engine, X, step, round_, bound))
+            if self.momentum_buffer is not None:
+                x_before, buffer_before = self._before
+                mu = self.momentum
+                self.momentum_buffer.copy_(buffer_before.mul_(mu).add_(x_before.sub_(X), alpha=(1 - mu) / step.lr))
             ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
             if ends_here and self.modes[k + 1] == "allreduce":
                 for rows in (X, *self.optimizer_state):
@@ -267,6 +305,144 @@ def local_estimate(theta_sq: float, mixing: Mixing) -> dict:
     p = mixing.p
     bound = 2 / p * theta_sq**0.5 if p > 0 else None
     return {"theta_sq": theta_sq, "consensus_distance_bound": bound}
+
+
+def gossip_together(engine, mixing: Mixing, *parts: torch.Tensor) -> None:
+    """One gossip round of several row blocks, each worker sending them as one message (their
+    columns side by side): every part ← W part (in place)."""
+    joined = torch.cat(parts, dim=1)
+    engine.gossip_(joined, mixing)
+    for part, mixed in zip(parts, joined.split([p.shape[1] for p in parts], dim=1)):
+        part.copy_(mixed)
+
+
+@dataclass
+class ChocoSGD:
+    """CHOCO-SGD (Koloskova, Stich, Jaggi, ICML 2019): decentralized SGD with compressed gossip.
+
+    Worker i keeps public copies x̂_j of itself and of every worker j in its slots of W (its
+    neighbours; for a time-varying graph the union of a period, so that every copy stays
+    current). After the local step x_i^(t+½) = x_i^(t) − η ∂F_i, it sends only
+    q_i = C(x_i^(t+½) − x̂_i) to those who copy it, everyone adds the received q_j to their copy,
+    x̂_j ← x̂_j + q_j, and then x_i^(t+1) = x_i^(t+½) + γ Σ_j w_ij (x̂_j − x̂_i). The error of C is
+    never lost: it stays in x − x̂ and is sent later. The copies start at the common initial
+    model, which every worker knows without communication (the paper starts them at 0, i.e.
+    it runs on x − x_0). With C the identity and γ = 1 this is D-SGD; random codecs are used in
+    their contractive form (see :mod:`gossamer.codecs`).
+    """
+
+    topology: Topology
+    gamma: float
+    compressor: Compressor
+    copies: torch.Tensor  # [m, K, d]: local worker i's x̂ of the workers in its slots (slot 0: itself)
+    rounds: int = 0
+
+    def start(self, engine, X: torch.Tensor) -> None:
+        pass
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        pass
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        mixing, union, r = self.topology.mixing(self.rounds), self.topology.union, self.rounds
+        own = self.copies[:, 0]  # a view: x̂_i after the update below
+        codec = self.compressor.codec
+        received = engine.exchange(self.compressor.compress(X - own, r, engine.rows), union, codec.nbytes())
+        m, K = received.shape[:2]
+        self.copies += codec.decode(received.flatten(0, 1), r).view(m, K, -1)
+        weight = mixing.plan(("slot weights", union, X.dtype, X.device, engine.rows), lambda: torch.tensor(
+            mixing.weights_in(union)[:, engine.rows.start : engine.rows.stop]).to(X).unsqueeze(-1))
+        mixed = self.copies[:, 0] * weight[0]
+        for k in range(1, K):
+            mixed.addcmul_(self.copies[:, k], weight[k])
+        X.add_(mixed.sub_(own), alpha=self.gamma)
+        self.rounds += 1
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds, "rows": {"copies": self.copies}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rounds = int(state["rounds"])
+        self.copies.copy_(state["rows"]["copies"])
+
+
+@dataclass
+class PushSum:
+    """Stochastic Gradient Push (Assran, Loizou, Ballas, Rabbat, ICML 2019): push-sum gossip over
+    column-stochastic, directed and time-varying W_t.
+
+    Worker i holds a numerator x_i and a push-sum weight w_i (w_i = 1 at the start); its model is
+    the de-biased z_i = x_i / w_i, where gradients are taken and what is evaluated (X holds z
+    between steps). A step: x_i ← x_i − η ∂F_i(z_i) (the optimizer's update of z applied to the
+    numerator), then x_i ← Σ_j w_ij x_j and w_i ← Σ_j w_ij w_j (one message (x_j, w_j) per
+    out-neighbour), z_i = x_i / w_i. Σ_i x_i and Σ_i w_i are preserved, so z_i → x̄ on a strongly
+    connected graph whatever the in-degrees. With doubly stochastic W, w stays 1: D-SGD.
+    """
+
+    topology: Topology
+    weight: torch.Tensor  # w_i [m, 1]
+    rounds: int = 0
+    _shift: torch.Tensor | None = None  # (w_i − 1) z_i at the start of the step: x_i = z_i + shift
+
+    def start(self, engine, X: torch.Tensor) -> None:
+        pass
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        self._shift = torch.mul(X, self.weight - 1, out=self._shift)
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        X.add_(self._shift)  # the optimizer moved z by −η u: the numerator is x − η u
+        gossip_together(engine, self.topology.mixing(self.rounds), X, self.weight)
+        self.rounds += 1
+        X.div_(self.weight)
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds, "rows": {"weight": self.weight}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rounds = int(state["rounds"])
+        self.weight.copy_(state["rows"]["weight"])
+
+
+@dataclass
+class GradientTracking:
+    """Decentralized stochastic gradient tracking, DSGT (Pu & Nedić 2021; Koloskova, Lin, Stich 2021).
+
+    Each worker tracks the average gradient with a gossiped vector y_i:
+        x_i^(t+1) = Σ_j w_ij (x_j^(t) − η y_j^(t)),
+        y_i^(t+1) = Σ_j w_ij y_j^(t) + g_i^(t+1) − g_i^(t),   y_i^(0) = g_i^(0),
+    so the local optimizer steps along y_i instead of g_i; Σ_i y_i = Σ_i g_i at every step, and
+    the heterogeneity of the local gradients no longer biases the fixed point. x and y travel in
+    one message per peer: 2d values, twice D-SGD's bytes.
+    """
+
+    topology: Topology
+    tracker: torch.Tensor  # Σ_j w_ij y_j of the last round [m, d] (0 before the first step)
+    previous: torch.Tensor  # g_i of the last step [m, d] (0 before the first step)
+    rounds: int = 0
+
+    def start(self, engine, X: torch.Tensor) -> None:
+        pass
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        self.tracker.add_(G).sub_(self.previous)  # y ← W y + g_new − g_old
+        self.previous.copy_(G)
+        G.copy_(self.tracker)
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        gossip_together(engine, self.topology.mixing(self.rounds), X, self.tracker)
+        self.rounds += 1
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds, "rows": {"tracker": self.tracker, "previous_gradient": self.previous}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rounds = int(state["rounds"])
+        self.tracker.copy_(state["rows"]["tracker"])
+        self.previous.copy_(state["rows"]["previous_gradient"])
 
 
 # ---------------------------------------------------------------- DiLoCo
@@ -363,23 +539,42 @@ class HierarchicalOptions(LocalOptions):
 
 GOSSIP_FORMS = ("step-then-mix", "mix-then-step")
 PHASE_MODES = ("allreduce", "gossip", "controlled")
+MOMENTUM_MODES = ("local", "quasi-global")
 
 
 @dataclass
-class GossipOptions:
+class GraphOptions:
+    """The communication graph of a decentralized algorithm."""
+
     topology: str = "ring"
     topology_seed: int | None = None  # None: the run's seed
+
+    def validate(self, cfg) -> None:
+        TOPOLOGIES.parse(self.topology)
+
+
+@dataclass
+class GossipOptions(GraphOptions):
     gossip_form: str = "step-then-mix"
+    momentum_mode: str = "local"  # or quasi-global (Lin, Kong, Stich, Jaggi 2021)
     phases: list[str] = field(default_factory=list)  # a mode per phase: allreduce | gossip | controlled
     phase_epochs: list[float] = field(default_factory=list)  # boundaries; [] = the lr milestones
     consensus: ConsensusConfig = field(default_factory=ConsensusConfig)
 
     def validate(self, cfg) -> None:
-        TOPOLOGIES.parse(self.topology)
+        super().validate(cfg)
         if self.phase_epochs and not self.phases:
             raise ConfigError("phase_epochs needs phases (one mode per phase)")
         if self.gossip_form not in GOSSIP_FORMS:
             raise ConfigError(f"unknown gossip_form '{self.gossip_form}'; choose one of: {', '.join(GOSSIP_FORMS)}")
+        if self.momentum_mode not in MOMENTUM_MODES:
+            raise ConfigError(f"unknown momentum_mode '{self.momentum_mode[:100]}'; choose one of: {', '.join(MOMENTUM_MODES)}")
+        if self.momentum_mode == "quasi-global":
+            if cfg.optimizer != "sgd" or cfg.momentum == 0:
+                raise ConfigError("momentum_mode quasi-global needs optimizer sgd with momentum > 0")
+            if cfg.average_optimizer_state:
+                raise ConfigError("momentum_mode quasi-global sets the momentum buffer from the model change; "
+                                  "it cannot be averaged too: use average_optimizer_state: false")
         self.consensus.validate()
         for mode in self.phases:
             if mode not in PHASE_MODES:
@@ -394,6 +589,36 @@ class GossipOptions:
             raise ConfigError("a controlled phase needs consensus.target (constant, gradient or run:DIR)")
         if self.consensus.target == "gradient" and cfg.metrics_every != 1:
             raise ConfigError("consensus.target gradient follows φ² at every step: it needs metrics_every: 1")
+        if self.consensus.measure == "estimate" and self.gossip_form != "step-then-mix":
+            raise ConfigError("consensus.measure estimate bounds Ξ with the round that ends the step: "
+                              "it needs gossip_form step-then-mix")
+
+
+@dataclass
+class PeerOptions(GraphOptions):
+    """Options of an algorithm whose only communication is its own (sgp, gradient-tracking, choco)."""
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if cfg.average_optimizer_state:
+            raise ConfigError(f"average_optimizer_state does not apply to algorithm '{cfg.algorithm}': "
+                              f"its optimizer state stays local")
+
+
+@dataclass
+class ChocoOptions(PeerOptions):
+    compression: str = "none"  # a codec: top-k:F, random-k:F, qsgd:S, sign
+    choco_gamma: float = 1.0  # γ, the consensus step size
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if not 0 < self.choco_gamma <= 1:
+            raise ConfigError(f"choco_gamma must be in (0, 1], got {self.choco_gamma}")
+        if self.compression.startswith(ERROR_FEEDBACK):
+            raise ConfigError(f"choco keeps the compression error in its public copies x̂ itself: use compression "
+                              f"{self.compression.removeprefix(ERROR_FEEDBACK)[:100]}, without '{ERROR_FEEDBACK}'")
+        if self.compression != "none":
+            check_spec(self.compression)
 
 
 @dataclass
@@ -427,7 +652,17 @@ def gossip_phases(cfg) -> tuple[list[str], list[float]]:
 
 def _sync(cfg, ctx: Context) -> ModelSync:
     shared = ctx.optimizer_rows if cfg.average_optimizer_state else []
-    return ModelSync(cfg.compression, ctx.numels, shared)
+    return ModelSync(cfg.compression, ctx.numels, shared, cfg.seed)
+
+
+def _graph(cfg, directed: bool = False) -> Topology:
+    """The run's topology; a directed one (column- but not doubly stochastic) only if ``directed``."""
+    topology = build_topology(cfg.topology, cfg.workers,
+                              seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
+    if not directed and not topology.doubly_stochastic:
+        raise ConfigError(f"topology '{cfg.topology[:100]}' is directed (its W is column- but not doubly stochastic): "
+                          f"algorithm {cfg.algorithm} needs an undirected one; only algorithm sgp (push-sum) runs on it")
+    return topology
 
 
 @ALGORITHMS.register("allreduce", help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
@@ -456,8 +691,7 @@ def _hierarchical(cfg, ctx: Context) -> LocalSGD:
 @ALGORITHMS.register("gossip", options=GossipOptions,
                      help="D-SGD over a topology, by phase, with consensus control (Kong et al.)")
 def _gossip(cfg, ctx: Context) -> Decentralized:
-    topology = build_topology(cfg.topology, cfg.workers,
-                              seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
+    topology = _graph(cfg)
     modes, boundaries = gossip_phases(cfg)
     steps = cfg.epochs * ctx.steps_per_epoch
     if ctx.reference is not None and len(ctx.reference) < steps:
@@ -465,12 +699,41 @@ def _gossip(cfg, ctx: Context) -> Decentralized:
                           f"this run needs {steps}")
     controller = None
     if cfg.consensus.target != "none":
+        if cfg.consensus.measure == "estimate" and any(m.p == 0 for m in topology.mixings):
+            raise ConfigError(f"consensus.measure estimate needs every round of the topology to mix (p > 0); "
+                              f"'{cfg.topology[:100]}' has rounds with p = 0, where Θ bounds nothing")
         p = 1 - (1 - spectral_gap(topology)) ** 2
         controller = Controller(build_target(cfg.consensus, p, ctx.reference), cfg.consensus.max_extra_rounds,
-                                cfg.consensus.on_budget)
+                                cfg.consensus.on_budget, cfg.consensus.measure)
     shared = ctx.optimizer_rows if cfg.average_optimizer_state else []
+    buffer = None
+    if cfg.momentum_mode == "quasi-global":
+        if not ctx.optimizer_rows:
+            raise ConfigError("momentum_mode quasi-global needs the trainer's SGD momentum buffer")
+        buffer = ctx.optimizer_rows[0]
     return Decentralized(topology, cfg.gossip_form, modes, [round(e * ctx.steps_per_epoch) for e in boundaries],
-                         controller, shared, ctx.optimizer_rows)
+                         controller, shared, ctx.optimizer_rows, buffer, cfg.momentum if buffer is not None else 0.0)
+
+
+@ALGORITHMS.register("choco", options=ChocoOptions,
+                     help="CHOCO-SGD: compressed gossip of x − x̂ with public copies x̂, consensus step γ (Koloskova et al.)")
+def _choco(cfg, ctx: Context) -> ChocoSGD:
+    topology = _graph(cfg)
+    compressor = build_compressor(cfg.compression, ctx.numels, ctx.X, cfg.seed, contractive=True)
+    copies = ctx.X.unsqueeze(1).repeat(1, topology.union.index.shape[0], 1)
+    return ChocoSGD(topology, cfg.choco_gamma, compressor, copies)
+
+
+@ALGORITHMS.register("sgp", options=PeerOptions,
+                     help="Stochastic Gradient Push: push-sum over directed, time-varying graphs (Assran et al.)")
+def _sgp(cfg, ctx: Context) -> PushSum:
+    return PushSum(_graph(cfg, directed=True), torch.ones(ctx.X.shape[0], 1, dtype=ctx.X.dtype, device=ctx.X.device))
+
+
+@ALGORITHMS.register("gradient-tracking", options=PeerOptions,
+                     help="DSGT: gossip of x and of a tracker y of the average gradient (Pu & Nedić)")
+def _gradient_tracking(cfg, ctx: Context) -> GradientTracking:
+    return GradientTracking(_graph(cfg), torch.zeros_like(ctx.X), torch.zeros_like(ctx.X))
 
 
 @ALGORITHMS.register("diloco", options=DiLoCoOptions,

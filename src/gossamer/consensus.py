@@ -11,6 +11,13 @@ The paper's target is "c × φ_t^ema", which reads two ways; both are here:
 - ``gradient``: c × η_t · sqrt(EMA of φ_t²) / p, with φ_t² = (1/n) Σ_i ‖∇f_i(x_i)‖² — the typical
   distance Ξ² = O((1 − p) η² (φ² + σ²) / p²) scaled to a distance, computable on the fly.
 ``constant`` keeps Ξ ≤ a fixed value.
+
+What the controller decides from (``measure``): ``exact`` probes Ξ² after every round (an
+all-reduce of d values, which a real deployment would not pay for); ``estimate`` uses only the
+local estimate Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖² of each round (a scalar all-reduce) and the
+bound Ξ ≤ (2/p)Θ (Kong et al.), p the round's mixing quality. The bound holds for the distance
+before the round, so also after it: control from it never stops short of the target, and may
+spend more rounds than the exact rule would have.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ if TYPE_CHECKING:
     from .algorithms import Step
 
 ON_BUDGET = ("allreduce", "continue")
+MEASURES = ("exact", "estimate")
 
 
 @dataclass
@@ -43,6 +51,7 @@ class ConsensusConfig:
     max_extra_rounds: int = 100
     on_budget: str = "allreduce"
     ema: float = 0.9
+    measure: str = "exact"  # or estimate: decide from Θ and Ξ ≤ (2/p)Θ alone
 
     def validate(self) -> None:
         t = self.target
@@ -58,6 +67,8 @@ class ConsensusConfig:
             raise ConfigError(f"unknown consensus.on_budget '{self.on_budget}'; choose one of: {', '.join(ON_BUDGET)}")
         if not 0 <= self.ema < 1:
             raise ConfigError(f"consensus.ema must be in [0, 1), got {self.ema}")
+        if self.measure not in MEASURES:
+            raise ConfigError(f"unknown consensus.measure '{self.measure[:100]}'; choose one of: {', '.join(MEASURES)}")
 
     @property
     def reference_run(self) -> str | None:
@@ -97,15 +108,27 @@ def build_target(c: ConsensusConfig, p: float, reference: list[float] | None = N
 
 @dataclass
 class Controller:
-    """Extra gossip rounds until Ξ ≤ target; then an all-reduce or nothing when the budget is spent."""
+    """Extra gossip rounds until Ξ ≤ target; then an all-reduce or nothing when the budget is spent.
+
+    ``measure``: ``exact`` decides from Ξ (probed after every round), ``estimate`` from the bound
+    (2/p)Θ that each round gives."""
 
     target: Callable[[Step], float]
     max_extra_rounds: int
     on_budget: str  # allreduce | continue
+    measure: str = "exact"
 
-    def control(self, engine, X: torch.Tensor, step: Step, gossip_round: Callable[[], None]) -> dict:
-        """Run after the step's normal gossip; returns this step's control metrics. Each probe of
-        Ξ² is measurement traffic (an all-reduce of d values)."""
+    def control(self, engine, X: torch.Tensor, step: Step, gossip_round: Callable[[], float | None],
+                bound: float | None = None) -> dict:
+        """Run after the step's normal gossip; returns this step's control metrics.
+
+        ``gossip_round()`` runs one extra round (and, when estimating, returns its bound on Ξ);
+        ``bound``: the bound given by the step's own round (estimating). Each probe of Ξ² is
+        measurement traffic (an all-reduce of d values); estimating probes Ξ² only on measured
+        steps, to report how many rounds the exact rule would have run from the same state
+        (``extra_gossip_rounds_if_exact``)."""
+        if self.measure == "estimate":
+            return self._from_estimate(engine, X, step, gossip_round, bound)
         target = self.target(step)
         before = engine.consensus_distance_sq(X)
         xi_sq, rounds = before, 0
@@ -118,3 +141,27 @@ class Controller:
             engine.allreduce_mean_(X)
         return {"consensus_target": target, "consensus_distance_sq_before_control": before,
                 "extra_gossip_rounds": rounds, "control_allreduce": fallback}
+
+    def _from_estimate(self, engine, X: torch.Tensor, step: Step, gossip_round, bound: float | None) -> dict:
+        target = self.target(step)
+        bound = math.inf if bound is None else bound
+        metrics: dict = {}
+        exact_rounds = None  # the rounds after which Ξ first met the target (measured steps)
+        if step.measure:
+            metrics["consensus_distance_sq_before_control"] = engine.consensus_distance_sq(X)
+            exact_rounds = 0 if math.sqrt(metrics["consensus_distance_sq_before_control"]) <= target else None
+        rounds = 0
+        while bound > target and rounds < self.max_extra_rounds:
+            bound = gossip_round()
+            bound = math.inf if bound is None else bound
+            rounds += 1
+            if step.measure and exact_rounds is None and math.sqrt(engine.consensus_distance_sq(X)) <= target:
+                exact_rounds = rounds
+        fallback = bound > target and self.on_budget == "allreduce"
+        if fallback:
+            engine.allreduce_mean_(X)
+        metrics.update({"consensus_target": target, "consensus_distance_bound_after_control": bound,
+                        "extra_gossip_rounds": rounds, "control_allreduce": fallback})
+        if step.measure:
+            metrics["extra_gossip_rounds_if_exact"] = rounds if exact_rounds is None else exact_rounds
+        return metrics

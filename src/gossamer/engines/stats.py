@@ -15,7 +15,8 @@ class CommStats:
 
     An all-reduce of d values among n workers is counted as a ring all-reduce: 2·d·(n−1)/n values
     sent per worker in one round. An all-gather of one B-byte message per worker: (n−1)·B bytes.
-    A gossip round sends d values to each peer that uses the worker's model.
+    A gossip round sends d values (or one compressed message) to each peer that uses the
+    worker's model.
 
     The algorithm's own traffic (``rounds``, ``messages_per_worker``, ``bytes_per_worker`` and
     their split by level) is kept apart from measurement traffic (``bytes_per_worker_metrics``:
@@ -49,6 +50,11 @@ class CommStats:
     def gossip(self, d: int, peers_per_worker: float) -> None:
         """d values to each of the peers that use this worker's model."""
         self._add("gossip", peers_per_worker, peers_per_worker * d * BYTES_PER_VALUE)
+
+    def exchange(self, nbytes: int, peers_per_worker: float) -> None:
+        """A message of ``nbytes`` to each of the peers that keep a copy of this worker's (a
+        gossip round of compressed messages)."""
+        self._add("gossip", peers_per_worker, peers_per_worker * nbytes)
 
     def metrics(self, nbytes: float) -> None:
         """Measurement traffic: never part of the algorithm's counts."""
