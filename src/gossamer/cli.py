@@ -195,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
 
-    r = sub.add_parser("repro", help="the papers' experiments at small scale: ring-scaling, consensus-phases")
-    r.add_argument("suite", choices=["ring-scaling", "consensus-phases"])
+    r = sub.add_parser("repro", help="the papers' experiments at small scale: ring-scaling, consensus-phases, "
+                                     "heterogeneous")
+    r.add_argument("suite", choices=["ring-scaling", "consensus-phases", "heterogeneous"])
     r.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std over them)")
     r.add_argument("--out", help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
     r.add_argument("--quick", action="store_true", help="tiny smoke-test version (under a minute)")

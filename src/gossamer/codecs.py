@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Protocol
 
 import torch
@@ -110,7 +111,7 @@ class TopK:
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        self.ks = [math.ceil(self.fraction * n) for n in self.numels]
+        self.ks = kept_per_tensor(self.fraction, self.numels)
 
     def nbytes(self) -> int:
         return 2 * BYTES_PER_VALUE * sum(self.ks)
@@ -143,7 +144,7 @@ class RandomK:
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        self.ks = [math.ceil(self.fraction * n) for n in self.numels]
+        self.ks = kept_per_tensor(self.fraction, self.numels)
         self.scale = [1.0 if self.contractive else n / k for n, k in zip(self.numels, self.ks)]
 
     def nbytes(self) -> int:
@@ -226,6 +227,12 @@ class Identity:
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         return messages
+
+
+def kept_per_tensor(fraction: float, numels: list[int]) -> list[int]:
+    """k_t = ⌈F·d_t⌉ per tensor, exactly (F as the decimal it was written as: 0.01·1200 is 12)."""
+    exact = Fraction(repr(fraction))
+    return [math.ceil(exact * n) for n in numels]
 
 
 def _offsets(numels: list[int]) -> list[int]:

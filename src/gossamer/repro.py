@@ -2,7 +2,9 @@
 
 A suite is a list of variants (config overrides) run for several seeds on MNIST-1D with the
 1-D CNN; it writes every run, ``results.md`` (mean ± std over seeds) and a plot of Ξ² over
-training with the learning-rate phases marked.
+training with the learning-rate phases marked. Suites: ``ring-scaling`` and
+``consensus-phases`` (Kong et al.), ``heterogeneous`` (non-i.i.d. data: D-SGD, quasi-global
+momentum, gradient tracking, CHOCO-SGD and All-Reduce).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Suite:
     base: list[str]  # overrides shared by every variant
     variants: list[Variant] = field(default_factory=list)
     reference: str | None = None  # name of the variant whose run controlled variants follow
+    estimate_pairs: list[tuple[str, str]] = field(default_factory=list)  # (exact, estimate) controlled variants
 
 
 def _base(quick: bool, epochs: int) -> list[str]:
@@ -73,10 +76,35 @@ def consensus_phases(quick: bool) -> Suite:
             f"ctrl-phase-1 c={label}",
             [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}",
              f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
+    for label in ("1", "1/2", "1/4"):  # the same control, deciding from Θ and Ξ ≤ (2/p)Θ alone
+        exact = next(v for v in suite.variants if v.name == f"ctrl-phase-1 c={label}")
+        suite.variants.append(Variant(f"{exact.name} estimate", [*exact.overrides, "consensus.measure=estimate"], n))
+        suite.estimate_pairs.append((exact.name, f"{exact.name} estimate"))
     return suite
 
 
-SUITES: dict[str, Callable[[bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases}
+def heterogeneous(quick: bool) -> Suite:
+    """Non-i.i.d. data on a ring: Dirichlet α = 0.1 and 1 and i.i.d. shards; D-SGD, D-SGD with
+    quasi-global momentum, gradient tracking, CHOCO-SGD with top-1 % compression, All-Reduce."""
+    n = 4 if quick else 16
+    suite = Suite(f"heterogeneous: ring, n = {n}, Dirichlet α", _base(quick, 2 if quick else 20))
+    ring = ["topology=ring"]
+    algorithms = [("All-Reduce", ["algorithm=allreduce"]),
+                  ("D-SGD", ["algorithm=gossip", *ring]),
+                  ("D-SGD + QG momentum", ["algorithm=gossip", *ring, "momentum_mode=quasi-global"]),
+                  ("gradient tracking", ["algorithm=gradient-tracking", *ring]),
+                  ("CHOCO top-1%", ["algorithm=choco", *ring, "compression=top-k:0.01", f"choco_gamma={CHOCO_GAMMA}"])]
+    for label, partition in (("α=0.1", ["partition=dirichlet", "dirichlet_alpha=0.1"]),
+                             ("α=1", ["partition=dirichlet", "dirichlet_alpha=1"]),
+                             ("iid", ["partition=iid"])):
+        suite.variants += [Variant(f"{name} {label}", [*overrides, *partition], n) for name, overrides in algorithms]
+    return suite
+
+
+CHOCO_GAMMA = 0.05  # CHOCO's consensus step for top-1 % in the heterogeneous suite (tuned, docs/results.md)
+
+SUITES: dict[str, Callable[[bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
+                                              "heterogeneous": heterogeneous}
 
 
 def _slug(name: str) -> str:
@@ -128,7 +156,7 @@ def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, name: str
     boundaries = configs[suite.variants[0].name].milestones
     phases = len(boundaries) + 1
     head = ["variant", "test acc (x̄)", *[f"mean Ξ² phase {k + 1}" for k in range(phases)],
-            "comm rounds", "extra gossip rounds"]
+            "MB/worker", "comm rounds", "extra gossip rounds"]
     lines = [f"# {suite.title}", "",
              f"Command: `gossamer repro {name} --seeds {seeds}{' --quick' if quick else ''}"
              f"{''.join(' --set ' + o for o in suite.base[len(SUITES[name](quick).base):])}`; "
@@ -140,7 +168,38 @@ def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, name: str
         per_phase = [phase_means(r / "metrics.jsonl", boundaries) for r in runs]
         cells = [v.name, _mean_std([s["test_accuracy"] for s in summaries], "{:.4f}"),
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
+                 _mean_std([s["bytes_per_worker"] / 1e6 for s in summaries], "{:.2f}"),
                  _mean_std([s["comm_rounds"] for s in summaries], "{:.0f}"),
                  _mean_std([s["extra_gossip_rounds"] for s in summaries], "{:.0f}")]
         lines.append("| " + " | ".join(cells) + " |")
+    if suite.estimate_pairs:
+        lines += ["", *_estimate_section(suite, out, seeds)]
     return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n"
+
+
+def _estimate_section(suite: Suite, out: Path, seeds: int) -> list[str]:
+    """Control from the estimate (2/p)Θ against control from the exact Ξ: extra rounds, how often the
+    estimate ran more rounds than the exact rule would have from the same state, accuracy."""
+    lines = ["## Control from the local estimate vs the exact Ξ", "",
+             "\"more than exact\": the share of controlled steps where the estimate-driven controller ran more "
+             "extra rounds than the exact rule would have from the same state (Ξ probed after each of its rounds, "
+             "as measurement only). Mean ± std over seeds.", "",
+             "| variant | extra rounds exact | extra rounds estimate | more than exact | rounds per step (estimate / exact rule) "
+             "| test acc exact | test acc estimate |", "|---|---|---|---|---|---|---|"]
+    for exact, estimate in suite.estimate_pairs:
+        runs = {name: [out / f"{_slug(name)}-seed{s}" for s in range(seeds)] for name in (exact, estimate)}
+        summaries = {name: [read_summary(r) for r in rs] for name, rs in runs.items()}
+        more, ratio = [], []
+        for run in runs[estimate]:
+            steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            steps = [r for r in steps if "extra_gossip_rounds_if_exact" in r]
+            more.append(sum(r["extra_gossip_rounds"] > r["extra_gossip_rounds_if_exact"] for r in steps) / len(steps))
+            ratio.append(sum(r["extra_gossip_rounds"] for r in steps)
+                         / max(1, sum(r["extra_gossip_rounds_if_exact"] for r in steps)))
+        lines.append("| " + " | ".join([
+            exact, _mean_std([s["extra_gossip_rounds"] for s in summaries[exact]], "{:.0f}"),
+            _mean_std([s["extra_gossip_rounds"] for s in summaries[estimate]], "{:.0f}"),
+            _mean_std([100 * m for m in more], "{:.1f}") + " %", _mean_std(ratio, "{:.2f}"),
+            _mean_std([s["test_accuracy"] for s in summaries[exact]], "{:.4f}"),
+            _mean_std([s["test_accuracy"] for s in summaries[estimate]], "{:.4f}")]) + " |")
+    return lines

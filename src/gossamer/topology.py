@@ -431,7 +431,7 @@ def _check_stochastic(w: np.ndarray, name: str, t: int = 0) -> bool:
             f"topology '{name}': W_{t} is not column stochastic "
             f"(max column error {cols:.3g}, row error {rows:.3g})"
         )
-    return rows <= _TOL
+    return bool(rows <= _TOL)
 
 
 def _check_strongly_connected(mixings: tuple[Mixing, ...], name: str) -> None:
