@@ -21,8 +21,10 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
     assert main(["repro", suite, "--quick", "--out", str(tmp_path / "other"), "--set", "colour=red"]) == 2
     if suite == "consensus-phases":  # control bought a smaller phase-1 Ξ² with extra rounds
-        rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()
+        main_table = table.split("## Control from the local estimate")[0]
+        rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in main_table.splitlines()
                 if line.startswith("| ")}
         ring, ctrl = rows["ring"], rows["ctrl-phase-1 c=1/4"]
         assert float(ctrl[2].split(" ± ")[0]) < float(ring[2].split(" ± ")[0])
         assert float(ctrl[-1].split(" ± ")[0]) > 0
+        assert "| ctrl-phase-1 c=1/4 | " in table.split("## Control from the local estimate")[1]

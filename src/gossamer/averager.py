@@ -8,7 +8,7 @@ and BlueFog: keep your model, optimizer and data loader; under ``torchrun`` add 
         loss = loss_fn(model(x), y)
         optimizer.zero_grad()
         loss.backward()
-        averager.average_gradients()   # only `allreduce` averages gradients; a no-op otherwise
+        averager.average_gradients()   # allreduce averages gradients, gradient-tracking swaps in its tracker
         optimizer.step()
         averager.step()                # local: exact average every H steps; gossip: one round
     print(averager.consensus_distance())   # Ξ², the same on every rank
@@ -35,7 +35,8 @@ class Averager:
     ``algorithm``: ``allreduce`` (gradients averaged every step: mini-batch SGD; call
     :meth:`average_gradients` between ``backward()`` and ``optimizer.step()``), ``local`` (exact
     parameter average every ``local_steps`` steps), ``gossip`` (one round over ``topology`` after
-    every step), or another schedule of :mod:`gossamer.algorithms`. ``options`` are that
+    every step), ``choco``, ``sgp``, ``gradient-tracking``, or another schedule of
+    :mod:`gossamer.algorithms` (call both hooks every step whatever the algorithm). ``options`` are that
     algorithm's config keys (``local_steps=4``, ``topology="ring"``, ``block_size=2`` for
     ``hierarchical``, ``compression="ef-sign"``).
     At construction every process takes rank 0's parameters (all workers start from one model).
