@@ -281,8 +281,8 @@ class Decentralized:
                 metrics.update(estimate)
             if self.modes[k] == "controlled":
                 bound = estimate["consensus_distance_bound"] if estimating else None
-                round_ = (lambda: self._bounded_round(engine, X)) if estimating else (lambda: self._round(engine, X))
-                metrics.update(self.controller.control(engine, X, step, round_, bound))
+                extra_round = (lambda: self._bounded_round(engine, X)) if estimating else (lambda: self._round(engine, X))
+                metrics.update(self.controller.control(engine, X, step, extra_round, bound))
             if self.momentum_buffer is not None:
                 x_before, buffer_before = self._before
                 mu = self.momentum

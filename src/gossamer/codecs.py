@@ -67,7 +67,7 @@ def from_bytes(data: torch.Tensor, dtype: torch.dtype, kind: torch.dtype = torch
     return data.clone(memory_format=torch.contiguous_format).view(kind).to(dtype)
 
 
-def fraction_kept(name: str, param: str | None) -> float:
+def parse_fraction(name: str, param: str | None) -> float:
     """F of ``top-k:F`` / ``random-k:F``, a number in (0, 1]."""
     try:
         f = float(param)
@@ -256,13 +256,13 @@ def _sign(param, numels, dtype, seed, contractive) -> SignCodec:
 @CODECS.register("top-k", spec="top-k:F", takes="required",
                  help="the ⌈F·numel⌉ largest entries of each tensor: int32 index + float32 value each")
 def _top_k(param, numels, dtype, seed, contractive) -> TopK:
-    return TopK(numels, fraction_kept("top-k", param), dtype)
+    return TopK(numels, parse_fraction("top-k", param), dtype)
 
 
 @CODECS.register("random-k", spec="random-k:F", takes="required",
                  help="⌈F·numel⌉ coordinates per tensor from a shared seed (no indices sent), unbiased")
 def _random_k(param, numels, dtype, seed, contractive) -> RandomK:
-    return RandomK(numels, fraction_kept("random-k", param), seed, contractive, dtype)
+    return RandomK(numels, parse_fraction("random-k", param), seed, contractive, dtype)
 
 
 @CODECS.register("qsgd", spec="qsgd:S", takes="required",
