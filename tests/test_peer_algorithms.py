@@ -21,12 +21,12 @@ def close(a, b, tol=1e-10):
     torch.testing.assert_close(a, b, atol=tol, rtol=0)
 
 
-def drive(schedule, X: torch.Tensor, B: torch.Tensor, steps: int, lr: float) -> torch.Tensor:
-    """``steps`` steps of plain SGD on f_i(x) = ½‖x − b_i‖² (gradient x_i − b_i) under ``schedule``,
-    in the training loop's order of hooks; returns X."""
+def drive(schedule, X: torch.Tensor, B: torch.Tensor, steps: int, lr: float, first: int = 0) -> torch.Tensor:
+    """``steps`` steps (from step ``first``) of plain SGD on f_i(x) = ½‖x − b_i‖² (gradient
+    x_i − b_i) under ``schedule``, in the training loop's order of hooks; returns X."""
     engine = SimEngine(X.shape[0])
     schedule.start(engine, X)
-    for t in range(steps):
+    for t in range(first, first + steps):
         G = X - B
         step = Step(t, lr=lr, measure=False)
         schedule.on_gradients(engine, X, G, step)
@@ -171,6 +171,32 @@ def test_gradient_tracking_sends_twice_the_bytes_of_dsgd():
     dsgd, _ = train_final("algorithm=gossip", "topology=ring")
     assert gt["comm_rounds"] == dsgd["comm_rounds"] == gt["steps"]
     assert gt["bytes_per_worker"] == 2 * dsgd["bytes_per_worker"]
+
+
+# ---------------------------------------------------------------- state
+
+
+def test_every_schedule_resumes_exactly_from_its_state_dict(tmp_path):
+    """Half the steps, state_dict through torch.save, a fresh schedule, load_state_dict, the other half:
+    the same X as without the break (CHOCO's copies and round, push-sum weights, the tracker)."""
+    X0, B = quadratic(n=5, d=12)
+    (tmp_path / "directed.txt").write_text(DIRECTED)
+    directed, ring = build_topology(f"edges:{tmp_path / 'directed.txt'}", 5), build_topology("ring", 5)
+    makers = {
+        "choco": lambda: ChocoSGD(build_topology("directed-exponential", 5), 0.3,
+                                  build_compressor("random-k:0.25", [12], X0, seed=1, contractive=True),
+                                  X0.unsqueeze(1).repeat(1, 4, 1)),
+        "sgp": lambda: PushSum(directed, torch.ones(5, 1, dtype=torch.float64)),
+        "gradient-tracking": lambda: GradientTracking(ring, torch.zeros_like(X0), torch.zeros_like(X0)),
+    }
+    for name, make in makers.items():
+        straight = drive(make(), X0.clone(), B, 20, 0.1)
+        first = make()
+        X = drive(first, X0.clone(), B, 10, 0.1)
+        torch.save(first.state_dict(), tmp_path / f"{name}.pt")
+        second = make()
+        second.load_state_dict(torch.load(tmp_path / f"{name}.pt"))
+        assert torch.equal(drive(second, X, B, 10, 0.1, first=10), straight), name
 
 
 # ---------------------------------------------------------------- quasi-global momentum
