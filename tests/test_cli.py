@@ -22,7 +22,7 @@ def test_train_writes_the_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, _ = run_cli(capsys, "train", *SMALL, "--set", "algorithm=gossip", "--out", str(out))
     assert code == 0
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
+    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", ".gossamer-run"}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert {"step", "epoch", "lr", "loss", "consensus_distance_sq"} <= rows[0].keys()
@@ -95,13 +95,18 @@ def test_argparse_errors_are_one_line_exit_2(capsys):
 def test_non_empty_run_directory_is_refused_and_kept(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "summary.json").write_text("precious")
+    (out / "summary.json").write_text("precious")  # the user's own file, not a run's
     code, _, err = run_cli(capsys, "train", *SMALL, "--out", str(out))
     assert code == 2 and "--overwrite" in err
-    assert (out / "summary.json").read_text() == "precious"
+    code, _, err = run_cli(capsys, "train", *SMALL, "--out", str(out), "--overwrite")
+    assert code == 2 and "summary.json, which no gossamer run wrote" in err
+    assert (out / "summary.json").read_text() == "precious" and sorted(p.name for p in out.iterdir()) == ["summary.json"]
+    (out / "summary.json").unlink()
+    assert run_cli(capsys, "train", *SMALL, "--out", str(out))[0] == 0
     (out / "notes.txt").write_text("mine")
-    assert run_cli(capsys, "train", *SMALL, "--out", str(out), "--overwrite")[0] == 0
-    assert (out / "summary.json").read_text() != "precious"
+    first = (out / "summary.json").read_text()
+    assert run_cli(capsys, "train", *SMALL, "--set", "seed=1", "--out", str(out), "--overwrite")[0] == 0
+    assert (out / "summary.json").read_text() != first
     assert (out / "notes.txt").read_text() == "mine"  # --overwrite replaces only run files
 
 

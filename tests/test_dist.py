@@ -202,7 +202,7 @@ def test_the_cli_gives_the_simulators_summary_in_float32(tmp_path, procs, dist_r
     command with engine=sim, in the default float32."""
     assert main(["train", "--quiet", "--out", str(tmp_path / "sim"), *sets(ACCEPTANCE)]) == 0
     run = dist_runs(procs) / "acceptance"
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", ".gossamer-run"}
     assert_same_summary(summary_of(tmp_path / "sim"), summary_of(run), rel=1e-5)
     sim_x, dist_x = (torch.load(r / "checkpoint.pt")["rows"]["X"] for r in (tmp_path / "sim", run))
     assert (dist_x - sim_x).abs().max() < 1e-5
@@ -257,6 +257,23 @@ def test_a_lost_process_stops_the_others_within_the_timeout_naming_it(tmp_path, 
             if p.poll() is None:
                 p.kill()
             p.communicate()
+
+
+# ---------------------------------------------------------------- stop and resume
+
+
+def test_a_signal_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(tmp_path):
+    from test_durable import assert_same_run
+
+    cases = [["gossip", SMALL + ["algorithm=gossip", "topology=ring", "epochs=2"]],
+             ["local", SMALL + ["algorithm=local", "local_steps=3", "epochs=2"]]]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    proc = torchrun(2, str(SCRIPTS / "resume.py"), str(tmp_path), str(tmp_path / "cases.json"), "9",
+                    cwd=tmp_path, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for name, _ in cases:
+        assert torch.load(tmp_path / f"{name}-stopped" / "checkpoint.pt", weights_only=True)["step"] == 2 * 12
+        assert_same_run(tmp_path / f"{name}-straight", tmp_path / f"{name}-stopped")
 
 
 # ---------------------------------------------------------------- the library API

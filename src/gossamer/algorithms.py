@@ -279,7 +279,8 @@ class DiLoCo:
     Δ = x_outer − mean_i x_i (one all-reduce); the outer optimizer (SGD with Nesterov momentum,
     lr ``outer_lr``) moves x_outer along −Δ and every worker restarts from x_outer. With outer
     lr 1 and momentum 0, x_outer ← mean_i x_i: exactly local SGD. Every worker keeps its own copy
-    of x_outer and of the outer momentum (identical rows, as each DiLoCo replica does).
+    of x_outer and of the outer momentum (identical rows, as each DiLoCo replica does), and its
+    inner optimizer's state across outer steps, as the DiLoCo paper does (it is never averaged).
     """
 
     local_steps: int
@@ -404,6 +405,9 @@ class DiLoCoOptions:
 
     def validate(self, cfg) -> None:
         _positive_int(self, "local_steps")
+        if cfg.average_optimizer_state:
+            raise ConfigError("average_optimizer_state does not apply to algorithm diloco: each worker keeps its "
+                              "inner optimizer state across outer steps, as in the DiLoCo paper")
         if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"diloco needs outer_lr > 0 and outer_momentum in [0, 1), "
                               f"got {self.outer_lr} and {self.outer_momentum}")

@@ -163,6 +163,19 @@ class WorkerMatrix:
             losses.sum().backward()  # the losses are independent: d(sum)/dx_i = d(loss_i)/dx_i
         return losses.detach()
 
+    def integer_buffers(self) -> torch.Tensor:
+        """Every worker's integer buffers (e.g. BatchNorm's num_batches_tracked) as rows [m, k]."""
+        rows = [[b.reshape(-1) for n, b in model.named_buffers() if not b.is_floating_point()]
+                for model in self.replicas]
+        return torch.stack([torch.cat(r) if r else torch.zeros(0, dtype=torch.long) for r in rows]).to(self.X.device)
+
+    def load_integer_buffers(self, rows: torch.Tensor) -> None:
+        for model, row in zip(self.replicas, rows):
+            offset = 0
+            for _, b in ((n, b) for n, b in model.named_buffers() if not b.is_floating_point()):
+                b.copy_(row[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+
     def model_at(self, params: torch.Tensor, buffers: torch.Tensor) -> nn.Module:
         """The template in eval mode with the given flat parameters [d] and buffers [d_b] (e.g. x̄)."""
         model = self.template

@@ -168,6 +168,11 @@ class DistEngine(Engine):
         self._run("gather", lambda: dist.gather(T, gather_list, dst=0, async_op=True))
         return torch.cat(parts) if self.rank == 0 else None
 
+    def _any(self, flag: torch.Tensor) -> bool:
+        total = flag.to(self.device, torch.int32)
+        self._run("agreement", lambda: dist.all_reduce(total, op=dist.ReduceOp.MAX, async_op=True))
+        return bool(total.item())
+
     # ------------------------------------------------------------------ for the CLI and the library
 
     def agree(self, build):
