@@ -145,6 +145,10 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{name} must be a list of names, got {value!r}")
         return value
+    if annotation == "list[int]":
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{name} must be a list of integers, got {value!r}")
+        return value
     if "list" in annotation:
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{name} must be a list of numbers, got {value!r}")

@@ -58,15 +58,21 @@ def reference_trajectory(cfg: Config) -> list[float] | None:
     run_dir = getattr(cfg, "consensus", None) and cfg.consensus.reference_run
     if not run_dir:
         return None
+    return read_trajectory(run_dir, {key: getattr(cfg, key, None) for key in ("workers", "batch_size", "num_samples")})
+
+
+def read_trajectory(run_dir: str | Path, expect: dict) -> list[float]:
+    """The Ξ_t² of the run in ``run_dir`` at steps 1, 2, … (as far as its metrics.jsonl has every
+    step), after checking that its config has the ``expect``ed values where it has those keys."""
     path = Path(run_dir)
     metrics = path / "metrics.jsonl"
     if not metrics.exists():
         raise ConfigError(f"consensus.target run:{run_dir}: no metrics.jsonl there (not a gossamer run)")
     ref_cfg = yaml.safe_load((path / "config.yaml").read_text()) if (path / "config.yaml").exists() else {}
-    for key in ("workers", "batch_size", "num_samples"):
-        if key in ref_cfg and ref_cfg[key] != getattr(cfg, key, None):
+    for key, value in expect.items():
+        if key in ref_cfg and ref_cfg[key] != value:
             raise ConfigError(f"consensus.target run:{run_dir} is incompatible: it has {key} = {ref_cfg[key]}, "
-                              f"this run {getattr(cfg, key, None)}")
+                              f"this run {value}")
     by_step = {}
     for line in metrics.read_text().splitlines():
         row = json.loads(line)

@@ -102,7 +102,7 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     decay = decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X)
     optimizer = OPTIMIZERS[cfg.optimizer].build(cfg, workers.X, decay)
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
-                      reference)
+                      reference, total_steps=cfg.epochs * steps)
     schedule = build_schedule(cfg, context)
     return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards)
 
