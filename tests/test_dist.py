@@ -17,7 +17,6 @@ from launch import SMALL, finish, sets, spawn, torchrun
 
 from gossamer.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 FAST = ["grad_backend=loop"]  # the per-worker module loop: the fast gradients for the small CNN
 
@@ -207,14 +206,3 @@ def test_a_lost_process_stops_the_others_within_the_timeout_naming_it(tmp_path, 
             if p.poll() is None:
                 p.kill()
             p.communicate()
-
-
-# ---------------------------------------------------------------- the library API
-
-
-def test_example_trains_a_plain_model_with_the_averager_under_torchrun(tmp_path):
-    proc = torchrun(2, str(ROOT / "examples" / "averager.py"), "--steps", "60", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["final_loss"] < 0.5 * result["first_loss"]
-    assert 0 <= result["consensus_distance_sq"] < 1e-3

@@ -118,7 +118,25 @@ class Synchronizer:
 
     # ------------------------------------------------------------------ the step hooks
 
-    def _before_step(self, optimizer, args, kwargs) -> None:
+    def _before_step(self, optimizer, args, kwargs):
+        """The step pre-hook: the gradient stage now, or — when the step gets a closure that computes
+        the gradients (PyTorch Lightning, LBFGS) — right after that closure."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
+        if closure is None:
+            self._gradient_stage(optimizer)
+            return None
+
+        def closure_then_gradient_stage():
+            loss = closure()
+            self._gradient_stage(optimizer)
+            return loss
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_gradient_stage}
+        return (args[0], closure_then_gradient_stage, *args[2:]), kwargs
+
+    def _gradient_stage(self, optimizer) -> None:
+        """φ² when the consensus target follows it, then the schedule's gradient hook (or DDP's
+        all-reduce standing in for it), for the step about to be taken."""
         t = self.t
         self._global_rounds = self.engine.comm.rounds_by_level["global"]
         lr = float(optimizer.param_groups[0]["lr"])
