@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import __version__
 from .codecs import CODECS
 from .config import KINDS, ConfigError, load_config
 from .report import RunDir, comparison_table, read_summary, reference_trajectory
@@ -47,7 +48,7 @@ def run_training(cfg, out: Path, overwrite: bool, progress: bool = True) -> dict
     if cfg.engine == "dist":
         return _run_training_dist(cfg, out, overwrite, progress)
     run = build_run(cfg, reference=reference_trajectory(cfg))
-    return _train_into(cfg, run, RunDir(out, overwrite), out, progress)
+    return _train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress)
 
 
 def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool) -> dict:
@@ -85,7 +86,7 @@ def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool) -> dict:
     try:
         with on_sigterm_raise():
             run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
-            run_dir = engine.agree(lambda: RunDir(out, overwrite) if engine.rank == 0 else None)
+            run_dir = engine.agree(lambda: RunDir(out, overwrite, cfg.logger) if engine.rank == 0 else None)
             return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0)
     except Terminated:  # torchrun stops the others when one process fails: say which one
         raise engine.lost("stopped by the launcher") from None
@@ -167,6 +168,7 @@ def _registry_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gossamer", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"gossamer {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train n workers from a YAML config and --set overrides",

@@ -15,6 +15,7 @@ and what is allowed; the CLI prints it and exits with status 2.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
+LOGGERS = ("none", "csv", "tensorboard")  # besides metrics.jsonl: metrics.csv, or TensorBoard scalars
 
 
 @dataclass
@@ -72,6 +74,7 @@ class Config:
     seed: int = 0
     eval_every: int = 1  # epochs
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
+    logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -95,6 +98,9 @@ class Config:
         _choice(self, "lr_scaling", LR_SCALINGS)
         _choice(self, "grad_backend", GRAD_BACKENDS)
         _choice(self, "dtype", DTYPES)
+        _choice(self, "logger", LOGGERS)
+        if self.logger == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("logger tensorboard needs the tensorboard package: pip install 'gossamer[tensorboard]'")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         for name in ("weight_decay", "warmup_epochs"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 from pathlib import Path
@@ -12,14 +13,16 @@ import yaml
 from .config import Config, ConfigError
 
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "checkpoint.pt")
+TENSORBOARD_DIR = "tensorboard"
 
 
 class RunDir:
     """A run's output folder. A non-empty existing folder is refused unless ``overwrite``, which
-    removes only the files a run writes (anything else the user keeps there stays)."""
+    removes only the files a run writes (anything else the user keeps there stays). ``logger``
+    (``csv``, ``tensorboard``) also sends every metric row there (:func:`make_logger`)."""
 
-    def __init__(self, path: str | Path, overwrite: bool = False):
+    def __init__(self, path: str | Path, overwrite: bool = False, logger: str = "none"):
         self.path = Path(path)
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--out '{self.path}' exists and is not a directory")
@@ -28,13 +31,18 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         for name in RUN_FILES:
             (self.path / name).unlink(missing_ok=True)
+        for events in (self.path / TENSORBOARD_DIR).glob("events.out.tfevents.*"):
+            events.unlink()
         self._metrics = open(self.path / "metrics.jsonl", "w")
+        self._logger = make_logger(logger, self.path)
 
     def write_config(self, cfg: Config) -> None:
         (self.path / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
     def row(self, row: dict) -> None:
         self._metrics.write(json.dumps(row) + "\n")
+        if self._logger is not None:
+            self._logger.row(row)
 
     def checkpoint(self, state: dict) -> None:
         """Write atomically, so a crash mid-write keeps the previous good checkpoint."""
@@ -47,6 +55,69 @@ class RunDir:
 
     def close(self) -> None:
         self._metrics.close()
+        if self._logger is not None:
+            self._logger.close()
+
+
+def scalars(row: dict, prefix: str = "") -> dict[str, float]:
+    """The numbers of a metric row, nested sections flattened to ``section/key`` (the per-layer
+    Ξ²), booleans as 0/1; values that are not numbers (None) are left out."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update(scalars(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)):
+            out[prefix + key] = float(value)
+    return out
+
+
+class CSVLog:
+    """``metrics.csv``: one line per metric row, a column per scalar (a column that appears later,
+    such as the test accuracy at the first evaluation, rewrites the header; earlier rows leave it empty)."""
+
+    def __init__(self, path: Path):
+        self.path = path / "metrics.csv"
+        self.columns: list[str] = []
+        self._file = open(self.path, "w", newline="")
+
+    def row(self, row: dict) -> None:
+        values = scalars(row)
+        new = [k for k in values if k not in self.columns]
+        if new:
+            self._file.close()
+            with open(self.path, newline="") as f:
+                old = list(csv.DictReader(f))
+            self.columns += new
+            self._file = open(self.path, "w", newline="")
+            self._writer = csv.DictWriter(self._file, self.columns)
+            self._writer.writeheader()
+            self._writer.writerows(old)
+        self._writer.writerow(values)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardLog:
+    """TensorBoard scalars in ``tensorboard/``, one per metric at its row's step (``tensorboard --logdir``)."""
+
+    def __init__(self, path: Path):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(path / TENSORBOARD_DIR))
+
+    def row(self, row: dict) -> None:
+        for tag, value in scalars(row).items():
+            if tag != "step":
+                self.writer.add_scalar(tag, value, row["step"])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def make_logger(name: str, path: Path) -> CSVLog | TensorBoardLog | None:
+    """The ``logger`` of a run directory: ``none``, ``csv`` or ``tensorboard``."""
+    return {"none": lambda p: None, "csv": CSVLog, "tensorboard": TensorBoardLog}[name](path)
 
 
 def reference_trajectory(cfg: Config) -> list[float] | None:

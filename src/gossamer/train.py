@@ -153,6 +153,7 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
                        f"lr {lr:g})")
     return {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr, "loss": loss,
             "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
+            "bytes_per_worker": e.comm.bytes_per_worker,
             "grad_norm_sq": phi_sq, "grad_norm_sq_ema": progress.grad_norm_sq_ema, **metrics}
 
 
