@@ -78,6 +78,13 @@ def test_hooks_give_the_simulators_parameters(name, launched, sim_run):
         assert mine["step"] == sim["step"]
 
 
+def test_a_gossip_round_sends_each_ring_neighbour_the_whole_model_as_one_message(launched):
+    for rank in range(PROCS):
+        mine = torch.load(launched / "gossip-ring" / f"rank{rank}.pt")
+        rounds, d = mine["comm"]["rounds"], mine["X"].shape[1]
+        assert mine["sent"]["messages"] == 2 * rounds and mine["sent"]["values"] == 2 * d * rounds
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_cheap_estimate_bounds_the_exact_consensus_distance(name, launched):
     for rank in range(PROCS):
@@ -118,3 +125,15 @@ def test_bad_input_is_one_line_naming_what_is_allowed(launched):
         for case, text in expected.items():
             message = checks["errors"][case]
             assert message is not None and text in message and "\n" not in message, (case, message)
+
+
+def test_the_lightning_callback_without_lightning_names_the_install(monkeypatch):
+    import importlib
+    import sys
+
+    from gossamer.registry import ConfigError
+
+    monkeypatch.setitem(sys.modules, "lightning.pytorch", None)  # as if it were not installed
+    monkeypatch.delitem(sys.modules, "gossamer.integrations.lightning", raising=False)
+    with pytest.raises(ConfigError, match=r"pip install 'gossamer\[lightning\]'"):
+        importlib.import_module("gossamer.integrations.lightning")

@@ -73,7 +73,6 @@ class Synchronizer:
         n = env_world_size(group)
         self.cfg = from_dict({"workers": n, "algorithm": self.algorithm, "engine": "dist",
                               "dist_backend": dist_backend, "dist_timeout": dist_timeout, **options})
-        self.engine = DistEngine(n, dist_backend, dist_timeout, named[0][1].device, group=group)
         self.optimizer = optimizer
         self.slots, self.d = layout(named)
         self.module = module
@@ -92,12 +91,17 @@ class Synchronizer:
                                [self.X.new_zeros(0)]).unsqueeze(0)
             bind_row(module, self.buffer_slots, self.B[0], parameter=False)
             buffer_rows = [self.B]
-        self._check_identical()
         self.optimizer_rows: dict[str, torch.Tensor] = {}  # per-parameter optimizer state as rows, once it exists
         self._optimizer_row_list: list[torch.Tensor] = []  # the schedule's optimizer_rows, filled at step 1
         context = Context(self.X, [s.numel for s in self.slots], self._optimizer_row_list, steps_per_epoch=1,
                           reference=reference, buffer_rows=buffer_rows)
-        self.schedule = self._build_schedule(context)
+        self.schedule = self._build_schedule(context)  # every local check before the first collective
+        self.engine = DistEngine(n, dist_backend, dist_timeout, named[0][1].device, group=group)
+        try:
+            self._check_identical()
+        except BaseException:
+            self.engine.close()
+            raise
         self.schedule.start(self.engine, self.X)
         self.anchor = self.X.clone()  # the model at the last step that ended with a global average
         self.synced = True  # whether the last step ended with a global average (anchor == X)
