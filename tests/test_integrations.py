@@ -67,12 +67,13 @@ def rank_results(root: Path, name: str) -> list[dict]:
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_hooks_give_the_simulators_parameters(name, launched, sim_run):
-    """Each rank's model equals the simulator's worker of that rank (float64, to rounding), and the
-    algorithm's communication is counted alike."""
+    """Each rank's model equals the simulator's worker of that rank (float64, to rounding), the
+    algorithm's communication is counted alike, and the parameters are views into the row X."""
     sim = torch.load(sim_run(SMALL + CASES[name][0]) / "checkpoint.pt")
     for rank in range(PROCS):
         mine = torch.load(launched / name / f"rank{rank}.pt")
         assert (mine["X"][0] - sim["rows"]["X"][rank]).abs().max() < 1e-10, rank
+        assert mine["views"]  # the model's parameters live in the row the schedule updates in place
         for key in ("rounds", "bytes_per_worker", "rounds_by_level", "bytes_by_level"):
             assert mine["comm"][key] == sim["comm"][key], key
         assert mine["step"] == sim["step"]

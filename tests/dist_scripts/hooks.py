@@ -70,7 +70,10 @@ def parity(out: Path, name: str, overrides: list[str], hook: dict) -> None:
     model, optimizer, sync = build(cfg, data, hook)
     train(cfg, data, model, optimizer, range(total_steps(cfg, data)))
     (out / name).mkdir(exist_ok=True)
+    storage = sync.X.untyped_storage().data_ptr()  # the parameters are still views into the row X: no copies
+    views = all(p.untyped_storage().data_ptr() == storage for p in model.parameters())
     torch.save({"X": sync.X.clone(), "comm": sync.comm.state_dict(), "step": sync.t, "sent": vars(sync.engine.sent),
+                "views": views,
                 "exact": sync.consensus_distance(), "bound": sync.consensus_distance(exact=False)},
                out / name / f"rank{dist.get_rank()}.pt")
     sync.close()
