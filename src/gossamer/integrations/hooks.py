@@ -403,8 +403,7 @@ class _TorchOuter:
         sync = self.sync
         sync.X.copy_(x_outer)
         sync.G.copy_(pseudo_gradient)
-        for s in sync.slots:
-            sync.module.get_parameter(s.name).grad = sync.G[0, s.offset : s.offset + s.numel].view(s.shape)
+        bind_row(sync.module, sync.slots, sync.X[0], grads=sync.G[0])  # .grad = Δ
         sync.outer_optimizer.step()
         x_outer.copy_(sync.X)
 
