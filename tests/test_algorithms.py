@@ -264,10 +264,10 @@ def test_every_algorithm_runs_from_the_cli(tmp_path, capsys):
 
 def test_phase_steps_are_phase_epochs_counted_in_steps():
     """12 steps an epoch: a boundary at step 6 is the boundary at epoch 0.5; one past the run is refused."""
-    by_epoch, _ = train_final("algorithm=gossip", "phases=[gossip,allreduce]", "phase_epochs=[0.5]")
-    by_step, _ = train_final("algorithm=gossip", "phases=[gossip,allreduce]", "phase_steps=[6]")
+    by_epoch, _ = train_final("algorithm=gossip", "epochs=1", "phases=[gossip,allreduce]", "phase_epochs=[0.5]")
+    by_step, _ = train_final("algorithm=gossip", "epochs=1", "phases=[gossip,allreduce]", "phase_steps=[6]")
     by_epoch.pop("wall_seconds"), by_step.pop("wall_seconds")
-    assert by_step == by_epoch
+    assert by_step == by_epoch and by_step["comm_rounds_gossip"] == 6
     from gossamer.config import ConfigError
-    with pytest.raises(ConfigError, match="phase_steps must be below the run's 24 steps"):
-        train_final("algorithm=gossip", "phases=[gossip,allreduce]", "phase_steps=[24]")
+    with pytest.raises(ConfigError, match="phase_steps must be below the run's 12 steps"):
+        train_final("algorithm=gossip", "epochs=1", "phases=[gossip,allreduce]", "phase_steps=[12]")
