@@ -200,3 +200,14 @@ def test_checkpoints_hold_the_full_state_and_load_with_weights_only(tmp_path):
     assert set(state["optimizer"]["rows"]) == {"exp_avg", "exp_avg_sq"}
     assert set(state["schedule"]["rows"]) == {"x_outer"} and "momentum" in state["schedule"]["outer"]["rows"]
     assert state["comm"]["rounds"] == 2 * S // 3 and "torch" in state["rng"]
+
+
+def test_the_csv_log_of_a_resumed_run_equals_the_uninterrupted_ones(tmp_path, monkeypatch):
+    overrides = [*SMALL, "algorithm=gossip", "logger=csv"]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert main(["train", "--quiet", "--out", str(straight), *sets(*overrides)]) == 0
+    with monkeypatch.context() as m:
+        stop_with(signal.SIGTERM, S + 3, m)  # after the first evaluation added the test columns
+        assert main(["train", "--quiet", "--out", str(stopped), *sets(*overrides)]) == 143
+    assert main(["train", "--quiet", "--resume", str(stopped)]) == 0
+    assert (stopped / "metrics.csv").read_text() == (straight / "metrics.csv").read_text()

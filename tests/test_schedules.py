@@ -136,3 +136,36 @@ def test_measurement_traffic_is_counted_apart_and_exactly():
     per_evaluation = (r + 0) + g + 2 * r  # x̄ and b̄ (no buffers), local mean, per layer
     assert summary["bytes_per_worker"] == steps * r
     assert summary["bytes_per_worker_metrics"] == pytest.approx(measured * per_step + evaluations * per_evaluation)
+
+
+@pytest.mark.parametrize("overrides, steps", [
+    (["algorithm=allreduce"], range(2 * S)),
+    (["algorithm=local", "local_steps=3"], []),
+    (["algorithm=post-local", "switch_step=5", "local_steps=3"], range(5)),
+    (["algorithm=gossip", "phases=[gossip,allreduce,gossip]", "phase_steps=[4,9]"], range(4, 9)),
+    (["algorithm=gossip", "gossip_form=mix-then-step", "phases=[allreduce,gossip]", "phase_steps=[7]"], range(7)),
+    (["algorithm=diloco", "local_steps=4"], []),
+])
+def test_averages_gradients_says_exactly_when_on_gradients_averages_them(overrides, steps):
+    """What DDP's comm hook relies on (gossamer.integrations): at step t, on_gradients all-reduces
+    G — and does nothing else — exactly when averages_gradients(t)."""
+    from gossamer.algorithms import Step
+
+    cfg = small_config(*overrides)
+    engine = RecordingEngine(cfg.workers)
+    run = build_run(cfg, engine=engine)
+    w = run.workers
+    engine.names = {w.X.data_ptr(): "X", w.G.data_ptr(): "G"}
+    run.schedule.start(engine, w.X)
+    averaged = []
+    for t in range(2 * S):
+        engine.t, engine.calls = t, []
+        w.G.normal_()
+        step = Step(t, lr=0.01, measure=False)
+        run.schedule.on_gradients(engine, w.X, w.G, step)
+        expected = [(t, "allreduce", "G")] if run.schedule.averages_gradients(t) else []
+        assert [c for c in engine.calls if c[2] == "G" or expected] == expected
+        averaged += [t] if expected else []
+        run.optimizer.step(w.X, w.G, 0.01)
+        run.schedule.after_step(engine, w.X, step)
+    assert averaged == list(steps)

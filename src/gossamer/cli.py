@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from . import __version__
 from .checkpoint import check_resumable
 from .codecs import CODECS
 from .config import KINDS, ConfigError, from_dict, load_config
@@ -89,7 +90,7 @@ def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume:
         return _run_training_dist(cfg, out, overwrite, progress, resume)
     run = build_run(cfg, reference=reference_trajectory(cfg))
     state = load_checkpoint(out) if resume else None
-    run_dir = RunDir(out, overwrite, resume_step=state["step"] if resume else None)
+    run_dir = RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None)
     return _train_into(cfg, run, run_dir, out, progress, state)
 
 
@@ -133,7 +134,7 @@ def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: 
     try:
         run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
         state = engine.agree(lambda: load_checkpoint(out) if resume else None)
-        run_dir = engine.agree(lambda: RunDir(out, overwrite, resume_step=state["step"] if resume else None)
+        run_dir = engine.agree(lambda: RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None)
                                if engine.rank == 0 else None)
         return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0, state)
     finally:
@@ -227,6 +228,7 @@ def _registry_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gossamer", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"gossamer {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train n workers from a YAML config and --set overrides",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import math
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
+LOGGERS = ("none", "csv", "tensorboard")  # besides metrics.jsonl: metrics.csv, or TensorBoard scalars
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Config:
     eval_every: int = 1  # epochs
     checkpoint_every: float = 1.0  # epochs (fractions allowed); and always at the last step
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
+    logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -98,6 +101,9 @@ class Config:
         _choice(self, "lr_scaling", LR_SCALINGS)
         _choice(self, "grad_backend", GRAD_BACKENDS)
         _choice(self, "dtype", DTYPES)
+        _choice(self, "logger", LOGGERS)
+        if self.logger == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("logger tensorboard needs the tensorboard package: pip install 'gossamer[tensorboard]'")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         for name in ("weight_decay", "warmup_epochs"):
@@ -149,6 +155,10 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
     if annotation == "list[str]":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{name} must be a list of names, got {_short(value)}")
+        return value
+    if annotation == "list[int]":
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{name} must be a list of integers, got {_short(value)}")
         return value
     if "list" in annotation:
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):

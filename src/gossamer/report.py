@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -14,7 +15,8 @@ import yaml
 from .config import Config, ConfigError, read_yaml
 
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt")
+RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "checkpoint.pt")
+RUN_DIRS = ("tensorboard",)  # written by logger: tensorboard
 MARKER = ".gossamer-run"  # written into every run directory: its run files were written by gossamer
 STAGING = ".gossamer-new"  # where a run that replaces another one writes until its first checkpoint
 
@@ -54,7 +56,8 @@ class RunDir:
     checkpoint and evaluation.
     """
 
-    def __init__(self, path: str | Path, overwrite: bool = False, resume_step: int | None = None):
+    def __init__(self, path: str | Path, overwrite: bool = False, logger: str = "none",
+                 resume_step: int | None = None):
         self.path = Path(path)
         self.dir = self.path
         self.checkpoints = 0  # written by this run
@@ -79,6 +82,7 @@ class RunDir:
                         if line and json.loads(line).get("step", 0) <= resume_step]
                 write_atomic(metrics, lambda f: f.write("".join(line + "\n" for line in kept).encode()))
             self._metrics = open(metrics, "a" if resume_step is not None else "w")
+            self._logger = make_logger(logger, self.dir, resume_step)
         except OSError as e:
             raise ConfigError(f"--out '{_short(self.path)}': cannot write a run there ({e.strerror or e})") from None
 
@@ -88,6 +92,8 @@ class RunDir:
 
     def row(self, row: dict) -> None:
         self._metrics.write(json.dumps(row) + "\n")
+        if self._logger is not None:
+            self._logger.row(row)
         if any(k.startswith("test_") for k in row):  # an evaluation
             self.flush()
 
@@ -108,11 +114,15 @@ class RunDir:
         """Replace the old run's files by the staged ones (the new run now has a checkpoint)."""
         for name in RUN_FILES:
             (self.path / name).unlink(missing_ok=True)
-        for name in (*RUN_FILES, MARKER):
+        for name in RUN_DIRS:
+            shutil.rmtree(self.path / name, ignore_errors=True)
+        for name in (*RUN_FILES, *RUN_DIRS, MARKER):
             if (self.dir / name).exists():
                 os.replace(self.dir / name, self.path / name)
         self.dir.rmdir()
-        self.dir = self.path  # the open metrics file moved with its directory entry
+        self.dir = self.path  # open files (metrics, logger) moved with their directory entries
+        if self._logger is not None:
+            self._logger.moved(self.path)
 
     def write_summary(self, summary: dict) -> None:
         text = json.dumps(summary, indent=2) + "\n"
@@ -121,8 +131,91 @@ class RunDir:
     def close(self) -> None:
         """Close the metrics file; a staged run that never checkpointed is removed."""
         self._metrics.close()
+        if self._logger is not None:
+            self._logger.close()
         if self.dir != self.path:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def scalars(row: dict, prefix: str = "") -> dict[str, float]:
+    """The numbers of a metric row, nested sections flattened to ``section/key`` (the per-layer
+    Ξ²), booleans as 0/1; values that are not numbers (None) are left out."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update(scalars(value, f"{prefix}{key}/"))
+        elif isinstance(value, (int, float)):
+            out[prefix + key] = float(value)
+    return out
+
+
+class CSVLog:
+    """``metrics.csv``: one line per metric row, a column per scalar (a column that appears later,
+    such as the test accuracy at the first evaluation, rewrites the header; earlier rows leave it
+    empty). Resuming after ``resume_step`` keeps the rows up to that step."""
+
+    def __init__(self, folder: Path, resume_step: int | None = None):
+        self.path = folder / "metrics.csv"
+        old = self._read() if resume_step is not None else []
+        self.columns = list(old[0]) if old else []
+        self._write([r for r in old if float(r["step"]) <= resume_step] if old else [])
+
+    def _read(self) -> list[dict]:
+        if not self.path.exists():
+            return []
+        with open(self.path, newline="") as f:
+            return list(csv.DictReader(f))
+
+    def _write(self, rows: list[dict]) -> None:
+        self._file = open(self.path, "w", newline="")
+        self._writer = csv.DictWriter(self._file, self.columns)
+        if self.columns:
+            self._writer.writeheader()
+            self._writer.writerows(rows)
+
+    def row(self, row: dict) -> None:
+        values = scalars(row)
+        new = [k for k in values if k not in self.columns]
+        if new:
+            self._file.close()
+            old = self._read()
+            self.columns += new
+            self._write(old)
+        self._writer.writerow(values)
+
+    def moved(self, folder: Path) -> None:
+        """The file was moved (with its folder's run files) into ``folder``."""
+        self.path = folder / "metrics.csv"
+
+    def close(self) -> None:
+        self._file.close()
+
+
+class TensorBoardLog:
+    """TensorBoard scalars in ``tensorboard/``, one per metric at its row's step (``tensorboard
+    --logdir``). Resuming after ``resume_step`` purges the events written after it."""
+
+    def __init__(self, folder: Path, resume_step: int | None = None):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(folder / "tensorboard"),
+                                    purge_step=None if resume_step is None else resume_step + 1)
+
+    def row(self, row: dict) -> None:
+        for tag, value in scalars(row).items():
+            if tag != "step":
+                self.writer.add_scalar(tag, value, row["step"])
+
+    def moved(self, folder: Path) -> None:
+        pass  # the writer's open event file moved with its folder
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def make_logger(name: str, folder: Path, resume_step: int | None = None) -> CSVLog | TensorBoardLog | None:
+    """The ``logger`` of a run directory: ``none``, ``csv`` or ``tensorboard``."""
+    return {"none": lambda *a: None, "csv": CSVLog, "tensorboard": TensorBoardLog}[name](folder, resume_step)
 
 
 def load_checkpoint(path: str | Path) -> dict:
@@ -163,6 +256,12 @@ def reference_trajectory(cfg: Config) -> list[float] | None:
     run_dir = getattr(cfg, "consensus", None) and cfg.consensus.reference_run
     if not run_dir:
         return None
+    return read_trajectory(run_dir, {key: getattr(cfg, key, None) for key in ("workers", "batch_size", "num_samples")})
+
+
+def read_trajectory(run_dir: str | Path, expect: dict) -> list[float]:
+    """The Ξ_t² of the run in ``run_dir`` at steps 1, 2, … (as far as its metrics.jsonl has every
+    step), after checking that its config has the ``expect``ed values where it has those keys."""
     path, what = Path(run_dir), f"consensus.target run:{_short(run_dir)}"
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
@@ -170,10 +269,9 @@ def reference_trajectory(cfg: Config) -> list[float] | None:
     ref_cfg = read_yaml(path / "config.yaml", f"{what}: config.yaml") if (path / "config.yaml").exists() else {}
     if not isinstance(ref_cfg, dict):
         raise ConfigError(f"{what}: config.yaml must hold a mapping of keys to values")
-    for key in ("workers", "batch_size", "num_samples"):
-        if key in ref_cfg and ref_cfg[key] != getattr(cfg, key, None):
-            raise ConfigError(f"{what} is incompatible: it has {key} = {_short(ref_cfg[key])}, "
-                              f"this run {getattr(cfg, key, None)}")
+    for key, value in expect.items():
+        if key in ref_cfg and ref_cfg[key] != value:
+            raise ConfigError(f"{what} is incompatible: it has {key} = {_short(ref_cfg[key])}, this run {value}")
     by_step = {}
     for number, line in enumerate(_text(metrics, what).splitlines(), start=1):
         try:

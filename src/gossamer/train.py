@@ -113,7 +113,7 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     decay = decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X)
     optimizer = OPTIMIZERS[cfg.optimizer].build(cfg, workers.X, decay)
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
-                      reference)
+                      reference, total_steps=cfg.epochs * steps)
     schedule = build_schedule(cfg, context)
     return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards)
 
@@ -180,6 +180,7 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
                        f"lr {lr:g})")
     return {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr, "loss": loss,
             "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
+            "bytes_per_worker": e.comm.bytes_per_worker,
             "grad_norm_sq": phi_sq, "grad_norm_sq_ema": progress.grad_norm_sq_ema, **metrics}
 
 
