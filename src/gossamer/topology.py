@@ -8,7 +8,7 @@ topologies are doubly stochastic (rows sum to 1 too), so the average x_bar is pr
 and plain gossip converges to it. Directed ones (``directed-exponential`` is doubly
 stochastic anyway; ``edges:FILE`` with ``i -> j`` lines need not be) are only
 column-stochastic: plain gossip would not converge to the average, push-sum
-(``algorithm: sgp``) does. Every topology's graph over one period must be strongly connected.
+(``algorithm: sgp``) does; their graph over one period must be strongly connected.
 
 Spectral analysis (Kong et al. 2021, section B of papers.md): with J = 11^T/n and
 period P, the spectral gap is
@@ -19,7 +19,7 @@ which for a static symmetric W is 1 - max(|lambda_2|, |lambda_n|). The mixing
 quality is p = 1 - (1 - rho)^2, and the slowest mode halves in
 ln 2 / (-ln(1 - rho)) rounds.
 
-Pure numpy + networkx; no torch.
+Pure numpy + networkx (+ scipy for sparse spectra and strong connectivity); no torch.
 """
 
 from __future__ import annotations
@@ -94,10 +94,11 @@ class Mixing:
     @cached_property
     def messages_per_worker(self) -> float:
         """Mean over workers j of #{i != j : W[i, j] != 0} (the workers j sends to)."""
-        w = self.dense()
-        nz = w != 0
-        np.fill_diagonal(nz, False)
-        return float(nz.sum(axis=0).mean()) if self.n else 0.0
+        n = self.n
+        rows = np.broadcast_to(np.arange(n), self.index.shape)
+        used = (self.weight != 0) & (self.index != rows)
+        pairs = np.unique(rows[used].astype(np.int64) * n + self.index[used])
+        return len(pairs) / n if n else 0.0
 
     @cached_property
     def p(self) -> float:
@@ -105,9 +106,26 @@ class Mixing:
 
         For a static symmetric W this is the paper's p = 1 − λ²; for one round of a time-varying
         graph it can be 0 (one-peer exponential at hops ≥ 2 leaves some modes unmixed)."""
+        return float(min(1.0, max(0.0, 1.0 - _norm_minus_mean((self,)) ** 2)))
+
+    @cached_property
+    def shifts(self) -> list[int] | None:
+        """s_k per slot when every slot is a cyclic shift, index[k, i] = (i + s_k) mod n (ring,
+        exponential graphs), else None."""
         n = self.n
-        sigma = float(np.linalg.norm(self.dense() - np.full((n, n), 1.0 / n), 2)) if n > 1 else 0.0
-        return float(min(1.0, max(0.0, 1.0 - sigma**2)))
+        s = self.index[:, 0] % max(n, 1)
+        if n and not (self.index == (np.arange(n)[None, :] + s[:, None]) % n).all():
+            return None
+        return [int(x) for x in s]
+
+    @cached_property
+    def spectrum(self) -> np.ndarray | None:
+        """The eigenvalues λ_m = Σ_k w_k exp(2πi·m·s_k/n), m = 0..n−1, of a circulant W (every slot
+        a cyclic shift s_k with one weight w_k for all workers); None for other graphs."""
+        if self.shifts is None or not (self.weight == self.weight[:, :1]).all():
+            return None
+        m = np.arange(self.n)
+        return sum(w * np.exp(2j * np.pi * m * s / self.n) for w, s in zip(self.weight[:, 0], self.shifts))
 
     def weights_in(self, slots: Mixing) -> np.ndarray:
         """W's weights in the neighbour slots of ``slots`` [K', n] (a matrix whose slots hold all
@@ -115,14 +133,21 @@ class Mixing:
         first of i's slots that holds j, 0 in the others."""
         if slots is self:
             return self.weight
-        n, index = self.n, slots.index
-        dense = self.dense()
-        weight = dense[np.arange(n)[None, :], index]
+        index = slots.index
+        weight = ((index[:, None, :] == self.index[None, :, :]) * self.weight[None]).sum(1)
         earlier = (index[:, None, :] == index[None, :, :]) & np.tril(np.ones((len(index),) * 2, bool), -1)[..., None]
         weight[earlier.any(1)] = 0.0
-        if not np.allclose(weight.sum(0), dense.sum(1), rtol=0, atol=_TOL):
+        if not np.allclose(weight.sum(0), self.weight.sum(0), rtol=0, atol=_TOL):
             raise ValueError("a mixing matrix has neighbours outside the given slots")
         return weight
+
+    def sparse(self):
+        """W as a scipy CSR matrix (duplicate slots add up)."""
+        from scipy.sparse import csr_matrix
+
+        K, n = self.index.shape
+        rows = np.broadcast_to(np.arange(n), (K, n))
+        return csr_matrix((self.weight.ravel(), (rows.ravel(), self.index.ravel())), shape=(n, n))
 
     def plan(self, key: Any, build: Callable[[], Any]) -> Any:
         """An engine's precomputed plan for this matrix (tensors on its device, send and receive
@@ -152,7 +177,9 @@ class Topology:
         mean of the W_t); a static topology's own W. Who must keep copies of whom."""
         if self.period == 1:
             return self.mixings[0]
-        return _from_dense(sum(m.dense() for m in self.mixings) / self.period)
+        index = np.concatenate([m.index for m in self.mixings])
+        weight = np.concatenate([m.weight for m in self.mixings]) / self.period
+        return _slots(self.n, [_combine(index[:, i], weight[:, i], i) for i in range(self.n)])
 
     def mixing(self, t: int) -> Mixing:
         return self.mixings[t % self.period]
@@ -176,18 +203,25 @@ def _circulant(n: int, offsets: list[int], weights: list[float]) -> Mixing:
     return Mixing(index, weight)
 
 
-def _from_dense(w: np.ndarray) -> Mixing:
-    """Neighbour-slot form of a dense W: self first, then i's neighbours ascending, padded with
-    (i, 0) to K = 1 + the most neighbours a worker has."""
-    n = len(w)
-    nbrs = [[j for j in np.flatnonzero(w[i]) if j != i] for i in range(n)]
-    K = 1 + max((len(x) for x in nbrs), default=0)
+def _combine(index: np.ndarray, weight: np.ndarray, i: int) -> dict[int, float]:
+    """Worker i's weight on each worker, from (possibly repeated) slots; self and nonzero ones."""
+    total = {i: 0.0}
+    for j, w in zip(index.tolist(), weight.tolist()):
+        if w:
+            total[j] = total.get(j, 0.0) + w
+    return total
+
+
+def _slots(n: int, rows: list[dict[int, float]]) -> Mixing:
+    """Slot form of W from each worker's {neighbour: weight}: self first, then the others
+    ascending, padded with (i, 0) to K = 1 + the most neighbours a worker has."""
+    K = max(len(r) for r in rows)
     index = np.tile(np.arange(n, dtype=np.int64), (K, 1))
     weight = np.zeros((K, n), dtype=np.float64)
-    for i in range(n):
-        weight[0, i] = w[i, i]
-        for k, j in enumerate(nbrs[i], start=1):
-            index[k, i], weight[k, i] = j, w[i, j]
+    for i, row in enumerate(rows):
+        weight[0, i] = row.get(i, 0.0)
+        for k, j in enumerate(sorted(j for j in row if j != i), start=1):
+            index[k, i], weight[k, i] = j, row[j]
     return Mixing(index, weight)
 
 
@@ -284,11 +318,8 @@ def _directed_exponential(n: int) -> tuple[Mixing, ...]:
 def _push_sum(graph: nx.DiGraph, n: int) -> Mixing:
     """Column-stochastic push-sum weights of a directed graph: worker j splits its model equally
     among itself and its out-neighbours, W[i, j] = 1 / (1 + outdeg j) — what j can set alone."""
-    w = np.zeros((n, n))
-    for j in range(n):
-        out = [i for i in graph.successors(j) if i != j]
-        w[[j, *out], j] = 1.0 / (1 + len(out))
-    return _from_dense(w)
+    share = [1.0 / (1 + sum(1 for i in graph.successors(j) if i != j)) for j in range(n)]
+    return _slots(n, [{i: share[i], **{j: share[j] for j in graph.predecessors(i) if j != i}} for i in range(n)])
 
 
 def _metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
@@ -367,35 +398,43 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     """
     name = "edges"
     if not os.path.isfile(path):
-        raise TopologyError(f"topology '{name}': edge file '{path}' not found")
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' not found")
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
     directed = False
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.split("#", 1)[0].replace("->", " -> ").strip()
-            if not line:
-                continue
-            parts = line.split()
-            arrow = len(parts) == 3 and parts[1] == "->"
-            try:
-                if len(parts) != 2 and not arrow:
-                    raise ValueError
-                i, j = int(parts[0]), int(parts[-1])
-            except ValueError:
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' is not UTF-8 text") from None
+    except OSError as e:
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' cannot be read ({e.strerror})") from None
+    if "\x00" in text:
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' is binary, not an edge list")
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].replace("->", " -> ").strip()
+        if not line:
+            continue
+        parts = line.split()
+        arrow = len(parts) == 3 and parts[1] == "->"
+        try:
+            if len(parts) != 2 and not arrow:
+                raise ValueError
+            i, j = int(parts[0]), int(parts[-1])
+        except ValueError:
+            raise TopologyError(
+                f"topology '{name}': {_short(path)} line {lineno}: expected two integers 'i j' or 'i -> j', "
+                f"got '{_short(raw.strip())}'"
+            ) from None
+        for v in (i, j):
+            if not 0 <= v < n:
                 raise TopologyError(
-                    f"topology '{name}': {path} line {lineno}: expected two integers 'i j' or 'i -> j', "
-                    f"got '{raw.strip()}'"
-                ) from None
-            for v in (i, j):
-                if not 0 <= v < n:
-                    raise TopologyError(
-                        f"topology '{name}': {path} line {lineno}: node {v} out of range "
-                        f"0..{n - 1}"
-                    )
-            if i != j:
-                directed |= arrow
-                g.add_edges_from([(i, j)] if arrow else [(i, j), (j, i)])
+                    f"topology '{name}': {_short(path)} line {lineno}: node {v} out of range "
+                    f"0..{n - 1}"
+                )
+        if i != j:
+            directed |= arrow
+            g.add_edges_from([(i, j)] if arrow else [(i, j), (j, i)])
     if directed:
         return _push_sum(g, n)
     g = g.to_undirected()
@@ -408,6 +447,11 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     return _metropolis_hastings(g, n)
 
 
+def _short(text: str) -> str:
+    """At most ~100 characters of a value, for error lines."""
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
 def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
     if arg is None:
         return default
@@ -417,15 +461,17 @@ def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
         raise TopologyError(f"topology '{name}' takes an integer {what}, got '{arg}'") from None
 
 
-def _check_stochastic(w: np.ndarray, name: str, t: int = 0) -> bool:
+def _check_stochastic(m: Mixing, name: str, t: int = 0) -> bool:
     """Raise TopologyError unless W >= 0 with columns summing to 1 (tol 1e-12): every worker sends
-    out all of its mass. Returns whether the rows sum to 1 too (W doubly stochastic)."""
+    out all of its mass. Returns whether the rows sum to 1 too (W doubly stochastic). From the
+    slot form (no n×n matrix)."""
+    w = m.weight
     if not np.all(np.isfinite(w)):
         raise TopologyError(f"topology '{name}': W_{t} has non-finite entries")
     if (w < -_TOL).any():
         raise TopologyError(f"topology '{name}': W_{t} has negative entries (min {w.min():g})")
-    rows = np.abs(w.sum(axis=1) - 1).max(initial=0.0)
-    cols = np.abs(w.sum(axis=0) - 1).max(initial=0.0)
+    rows = np.abs(w.sum(axis=0) - 1).max(initial=0.0)
+    cols = np.abs(np.bincount(m.index.ravel(), weights=w.ravel(), minlength=m.n) - 1).max(initial=0.0)
     if cols > _TOL:
         raise TopologyError(
             f"topology '{name}': W_{t} is not column stochastic "
@@ -435,18 +481,18 @@ def _check_stochastic(w: np.ndarray, name: str, t: int = 0) -> bool:
 
 
 def _check_strongly_connected(mixings: tuple[Mixing, ...], name: str) -> None:
-    """Every worker reaches every other over one period: else no average can be agreed on."""
-    graph = nx.DiGraph()
-    graph.add_nodes_from(range(mixings[0].n))
-    for m in mixings:
-        graph.add_edges_from(zip(*np.nonzero(m.dense().T)))  # j -> i where W[i, j] != 0
-    for j in graph:
-        if graph.out_degree(j) - graph.has_edge(j, j) == 0 and len(graph) > 1:
-            raise TopologyError(f"topology '{name}': node {j} has no out-edge; every worker must send "
-                                f"to another (a strongly connected graph)")
-    if not nx.is_strongly_connected(graph):
-        raise TopologyError(f"topology '{name}' is not strongly connected "
-                            f"({nx.number_strongly_connected_components(graph)} components)")
+    """Every worker reaches every other over one period (else push-sum cannot agree on an average)."""
+    from scipy.sparse.csgraph import connected_components
+
+    n = mixings[0].n
+    graph = sum(m.sparse() for m in mixings)  # W[i, j] != 0: an edge j -> i
+    sends = np.asarray((graph != 0).sum(0)).ravel() - (graph.diagonal() != 0)
+    if n > 1 and (sends == 0).any():
+        raise TopologyError(f"topology '{name}': node {int(np.argmin(sends))} has no out-edge; every worker "
+                            f"must send to another (a strongly connected graph)")
+    parts, _ = connected_components(graph, directed=True, connection="strong")
+    if parts > 1:
+        raise TopologyError(f"topology '{name}' is not strongly connected ({parts} components)")
 
 
 def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
@@ -463,32 +509,67 @@ def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
     for t, m in enumerate(mixings):
         if m.n != n:
             raise TopologyError(f"topology '{spec}': W_{t} has {m.n} workers, expected {n}")
-        doubly &= _check_stochastic(m.dense(), spec, t)
-    _check_strongly_connected(mixings, spec)
+        doubly &= _check_stochastic(m, spec, t)
+    if not doubly:
+        _check_strongly_connected(mixings, spec)
     return Topology(name=spec, n=n, mixings=mixings, doubly_stochastic=doubly)
 
 
 # --------------------------------------------------------------------------- analysis
 
 
+DENSE_MAX = 2048  # above this many workers, spectra of graphs that are not circulant are iterative
+
+
+def _norm_minus_mean(mixings: tuple[Mixing, ...]) -> float:
+    """‖W_{P−1} ⋯ W_0 − J‖₂ (J = 11ᵀ/n): in closed form for circulant matrices (they share the
+    Fourier basis, so the product's eigenvalues are the products of theirs, and a normal matrix's
+    norm is its largest |eigenvalue| off the mean mode); densely for small n; else by a sparse
+    singular-value iteration."""
+    n = mixings[0].n
+    if n == 1:
+        return 0.0
+    spectra = [m.spectrum for m in mixings]
+    if all(s is not None for s in spectra):
+        sigma = float(np.abs(np.prod(spectra, axis=0)[1:]).max())
+        return sigma if sigma > _TOL else 0.0  # below float64 noise: an exact average
+    if n <= DENSE_MAX:
+        prod = np.eye(n)
+        for m in mixings:
+            prod = m.dense() @ prod
+        return float(np.linalg.norm(prod - np.full((n, n), 1.0 / n), 2))
+    from scipy.sparse.linalg import LinearOperator, svds
+
+    sparse = [m.sparse() for m in mixings]
+
+    def apply(x, transpose=False):
+        x = np.asarray(x, dtype=np.float64).reshape(n, -1)
+        for w in (reversed(sparse) if transpose else sparse):
+            x = (w.T if transpose else w) @ x
+        return x - x.mean(0, keepdims=True)
+    op = LinearOperator((n, n), matvec=apply, rmatvec=lambda x: apply(x, True), dtype=np.float64)
+    return float(svds(op, k=1, return_singular_vectors=False, random_state=0)[0])
+
+
+def _norm_minus_limit(mixings: tuple[Mixing, ...]) -> float:
+    """‖W_{P−1} ⋯ W_0 − π1ᵀ‖₂ for column-stochastic W (dense): π the Perron vector of the product,
+    P π = π with Σπ = 1, the limit of its powers that push-sum divides out."""
+    n = mixings[0].n
+    prod = np.eye(n)
+    for m in mixings:
+        prod = m.dense() @ prod
+    values, vectors = np.linalg.eig(prod)
+    pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
+    return float(np.linalg.norm(prod - np.outer(pi / pi.sum(), np.ones(n)), 2))
+
+
 def spectral_gap(topology: Topology) -> float:
     """rho = 1 - ||W_{P-1} ... W_0 - J||_2^(1/P), clipped to [0, 1]. J = 11^T/n, the limit of the
-    products of doubly stochastic W; for a directed topology J = pi 1^T, pi the Perron vector of
-    the period's product (its limit, which push-sum divides out)."""
-    n = topology.n
-    if n == 1:
+    products of doubly stochastic W; for a directed topology J = pi 1^T (:func:`_norm_minus_limit`)."""
+    if topology.n == 1:
         return 1.0
-    prod = np.eye(n)
-    for m in topology.mixings:
-        prod = m.dense() @ prod
-    if topology.doubly_stochastic:
-        limit = np.full((n, n), 1.0 / n)
-    else:
-        values, vectors = np.linalg.eig(prod)
-        pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
-        limit = np.outer(pi / pi.sum(), np.ones(n))
-    sigma = float(np.linalg.norm(prod - limit, 2))
-    rho = 1.0 - sigma ** (1.0 / topology.period)
+    norm = _norm_minus_mean if topology.doubly_stochastic else _norm_minus_limit
+    rho = 1.0 - norm(topology.mixings) ** (1.0 / topology.period)
     return float(min(1.0, max(0.0, rho)))
 
 
