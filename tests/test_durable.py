@@ -68,6 +68,12 @@ CASES = {
                                   "consensus.target=run:{ref}", "consensus.factor=0.5", "momentum=0.9"],
     "diloco": ["algorithm=diloco", "local_steps=5"],
     "adam": ["algorithm=local", "local_steps=2", "optimizer=adam", "lr=0.003"],
+    "choco-random-k": ["algorithm=choco", "topology=one-peer-exponential", "compression=random-k:0.1",
+                       "choco_gamma=0.3", "momentum=0.9"],
+    "sgp-directed": ["algorithm=sgp", f"topology=edges:{Path(__file__).parent / 'dist_scripts' / 'directed-4.txt'}"],
+    "gradient-tracking": ["algorithm=gradient-tracking", "momentum=0.9"],
+    "gossip-quasi-global-estimate": ["algorithm=gossip", "momentum_mode=quasi-global", "momentum=0.9",
+                                     "consensus.target=constant", "consensus.value=0.05", "consensus.measure=estimate"],
 }
 
 
