@@ -334,8 +334,33 @@ def gossip_together(engine, mixing: Mixing, *parts: torch.Tensor) -> None:
         part.copy_(mixed)
 
 
+class PeerSchedule:
+    """What CHOCO-SGD, push-sum and gradient tracking share: their own communication every step
+    (never a gradient average), a round counter ``rounds`` and per-worker rows (:meth:`rows`)."""
+
+    rounds: int
+
+    def rows(self) -> dict[str, torch.Tensor]:
+        """The per-worker tensors carried from step to step (restored in place)."""
+        raise NotImplementedError
+
+    def start(self, engine, X: torch.Tensor) -> None:
+        pass
+
+    def averages_gradients(self, t: int) -> bool:
+        return False
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds, "rows": self.rows()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rounds = int(state["rounds"])
+        for name, rows in self.rows().items():
+            rows.copy_(state["rows"][name])
+
+
 @dataclass
-class ChocoSGD:
+class ChocoSGD(PeerSchedule):
     """CHOCO-SGD (Koloskova, Stich, Jaggi, ICML 2019): decentralized SGD with compressed gossip.
 
     Worker i keeps public copies x̂_j of itself and of every worker j in its slots of W (its
@@ -355,11 +380,8 @@ class ChocoSGD:
     copies: torch.Tensor  # [m, K, d]: local worker i's x̂ of the workers in its slots (slot 0: itself)
     rounds: int = 0
 
-    def start(self, engine, X: torch.Tensor) -> None:
-        pass
-
-    def averages_gradients(self, t: int) -> bool:
-        return False
+    def rows(self) -> dict[str, torch.Tensor]:
+        return {"copies": self.copies}
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         pass
@@ -380,16 +402,10 @@ class ChocoSGD:
         self.rounds += 1
         return {}
 
-    def state_dict(self) -> dict:
-        return {"rounds": self.rounds, "rows": {"copies": self.copies}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rounds = int(state["rounds"])
-        self.copies.copy_(state["rows"]["copies"])
 
 
 @dataclass
-class PushSum:
+class PushSum(PeerSchedule):
     """Stochastic Gradient Push (Assran, Loizou, Ballas, Rabbat, ICML 2019): push-sum gossip over
     column-stochastic, directed and time-varying W_t.
 
@@ -406,11 +422,8 @@ class PushSum:
     rounds: int = 0
     _shift: torch.Tensor | None = None  # (w_i − 1) z_i at the start of the step: x_i = z_i + shift
 
-    def start(self, engine, X: torch.Tensor) -> None:
-        pass
-
-    def averages_gradients(self, t: int) -> bool:
-        return False
+    def rows(self) -> dict[str, torch.Tensor]:
+        return {"weight": self.weight}
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         self._shift = torch.mul(X, self.weight - 1, out=self._shift)
@@ -422,16 +435,10 @@ class PushSum:
         X.div_(self.weight)
         return {}
 
-    def state_dict(self) -> dict:
-        return {"rounds": self.rounds, "rows": {"weight": self.weight}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rounds = int(state["rounds"])
-        self.weight.copy_(state["rows"]["weight"])
 
 
 @dataclass
-class GradientTracking:
+class GradientTracking(PeerSchedule):
     """Decentralized stochastic gradient tracking, DSGT (Pu & Nedić 2021; Koloskova, Lin, Stich 2021).
 
     Each worker tracks the average gradient with a gossiped vector y_i:
@@ -447,11 +454,8 @@ class GradientTracking:
     previous: torch.Tensor  # g_i of the last step [m, d] (0 before the first step)
     rounds: int = 0
 
-    def start(self, engine, X: torch.Tensor) -> None:
-        pass
-
-    def averages_gradients(self, t: int) -> bool:
-        return False
+    def rows(self) -> dict[str, torch.Tensor]:
+        return {"tracker": self.tracker, "previous_gradient": self.previous}
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         self.tracker.add_(G).sub_(self.previous)  # y ← W y + g_new − g_old
@@ -463,13 +467,6 @@ class GradientTracking:
         self.rounds += 1
         return {}
 
-    def state_dict(self) -> dict:
-        return {"rounds": self.rounds, "rows": {"tracker": self.tracker, "previous_gradient": self.previous}}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.rounds = int(state["rounds"])
-        self.tracker.copy_(state["rows"]["tracker"])
-        self.previous.copy_(state["rows"]["previous_gradient"])
 
 
 # ---------------------------------------------------------------- DiLoCo
