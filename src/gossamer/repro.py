@@ -90,7 +90,7 @@ def heterogeneous(quick: bool) -> Suite:
     """Non-i.i.d. data on a ring: Dirichlet α = 0.1 and 1 and i.i.d. shards; D-SGD, D-SGD with
     quasi-global momentum, gradient tracking, CHOCO-SGD with top-1 % compression, All-Reduce."""
     n = 4 if quick else 16
-    suite = Suite(f"heterogeneous: ring, n = {n}, Dirichlet α", _base(quick, 2 if quick else 20))
+    suite = Suite(f"heterogeneous: ring, n = {n}, Dirichlet α", _base(quick, 2 if quick else 10))
     ring = ["topology=ring"]
     algorithms = [("All-Reduce", ["algorithm=allreduce"]),
                   ("D-SGD", ["algorithm=gossip", *ring]),
