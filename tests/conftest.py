@@ -37,3 +37,31 @@ def train_final(*overrides: str):
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module: on a shared 2-core machine a second OpenMP thread mostly
+    waits at barriers for a descheduled peer (docs/benchmarks.md), and launched processes use one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_cifar(root, train: int = 200, test: int = 60, cifar100: bool = False, seed: int = 0):
+    """A tiny CIFAR in the real binary layout and file names under ``root``: random pixels, labels
+    cycling over the classes (CIFAR-100: coarse label byte, then the fine one)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder, classes, files = (("cifar-100-binary", 100, {"train.bin": train, "test.bin": test}) if cifar100 else
+                              ("cifar-10-batches-bin", 10, {**{f"data_batch_{i}.bin": train // 5 for i in range(1, 6)},
+                                                            "test_batch.bin": test}))
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for name, count in files.items():
+        labels = (np.arange(count) % classes).astype(np.uint8)[:, None]
+        pixels = rng.integers(0, 256, (count, 3072), dtype=np.uint8)
+        label_bytes = [labels // 5, labels] if cifar100 else [labels]
+        (root / folder / name).write_bytes(np.concatenate([*label_bytes, pixels], axis=1).tobytes())
+    return root

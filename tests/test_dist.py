@@ -79,14 +79,8 @@ def sets(overrides: list[str]) -> list[str]:
     return [a for o in overrides for a in ("--set", o)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """In-process simulator runs use one thread, like each launched process (OMP_NUM_THREADS=1):
-    while the launched processes busy the two cores, a second OpenMP thread only spins."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# in-process simulator runs use one thread, like each launched process (OMP_NUM_THREADS=1)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------- parity: 4 and 2 processes

@@ -37,6 +37,7 @@ DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
+BN_EVALS = ("average", "recompute")
 
 
 @dataclass
@@ -69,6 +70,9 @@ class Config:
     partition: str = "iid"
     dirichlet_alpha: float = 0.5
     model: str = "cnn1d"
+    # BatchNorm statistics of the averaged model x̄ at evaluation: "average" (the mean of the workers')
+    # or "recompute" (re-estimated with x̄ on training batches); None: "average" where the model has them
+    bn_eval: str | None = None
     seed: int = 0
     eval_every: int = 1  # epochs
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
@@ -95,6 +99,8 @@ class Config:
         _choice(self, "lr_scaling", LR_SCALINGS)
         _choice(self, "grad_backend", GRAD_BACKENDS)
         _choice(self, "dtype", DTYPES)
+        if self.bn_eval is not None:
+            _choice(self, "bn_eval", BN_EVALS)
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         for name in ("weight_decay", "warmup_epochs"):
@@ -252,20 +258,43 @@ def set_dotted(values: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
+def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The keys of a YAML config file. A file may name a ``base`` config file (a path relative to
+    itself) whose keys it extends and overrides, sections key by key."""
+    path = Path(path)
+    try:
+        loaded = yaml.safe_load(path.read_text())
+    except (FileNotFoundError, IsADirectoryError):
+        raise ConfigError(f"config file '{path}' does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+    values = loaded or {}
+    base = values.pop("base", None)
+    if base is None:
+        return values
+    if not isinstance(base, str):
+        raise ConfigError(f"base in '{path}' must be the path of a config file, got {base!r}")
+    base_path = path.parent / base
+    if base_path.resolve() in _seen:
+        raise ConfigError(f"config file '{path}' names base '{base}', which leads back to itself")
+    merged = read_config_file(base_path, (*_seen, path.resolve()))
+    _merge(merged, values)
+    return merged
+
+
+def _merge(into: dict[str, Any], values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults, then the YAML file (if any), then each ``KEY=VALUE`` override in order."""
-    values: dict[str, Any] = {}
-    if path is not None:
-        try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"config file '{path}' does not exist") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
-        values = loaded or {}
+    """Defaults, then the YAML file (if any, with its ``base`` files), then each ``KEY=VALUE`` override in order."""
+    values = read_config_file(path) if path is not None else {}
     for text in overrides:
         set_dotted(values, *parse_override(text))
     return from_dict(values)
-
