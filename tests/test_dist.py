@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import write_cifar
 from gossamer.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,11 +87,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # ---------------------------------------------------------------- parity: 4 and 2 processes
 
 
+# CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
+# holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
+CIFAR_CASE = "cifar-resnet20-gossip"
+
+
 @pytest.fixture(scope="module")
-def sim_runs(tmp_path_factory):
+def cases(tmp_path_factory) -> list[tuple[str, list[str]]]:
+    """Every parity case's full overrides."""
+    data = write_cifar(tmp_path_factory.mktemp("cifar"), train=128, test=32)
+    cifar = ["dataset=cifar10", f"data_dir={data}", "model=resnet20", "workers=4", "epochs=1", "batch_size=4",
+             "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop", "algorithm=gossip",
+             "bn_eval=recompute"]
+    return [(name, SMALL + o) for name, o in PARITY_CASES] + [(CIFAR_CASE, cifar)]
+
+
+@pytest.fixture(scope="module")
+def sim_runs(tmp_path_factory, cases):
     root = tmp_path_factory.mktemp("sim")
-    for name, overrides in PARITY_CASES:
-        assert main(["train", "--quiet", "--out", str(root / name), *sets(SMALL + overrides)]) == 0
+    for name, overrides in cases:
+        assert main(["train", "--quiet", "--out", str(root / name), *sets(overrides)]) == 0
     return root
 
 
@@ -98,7 +114,7 @@ ACCEPTANCE = ["workers=4", "epochs=1", "num_samples=1000", "algorithm=gossip", *
 
 
 @pytest.fixture(scope="module")
-def dist_runs(tmp_path_factory):
+def dist_runs(tmp_path_factory, cases):
     """{procs: run root}, launched on first use: one launch per process count runs every case.
     2 processes go through torchrun (its agent hosts the store); 4 are started directly with
     torchrun's environment (rank 0 hosts the store)."""
@@ -107,14 +123,14 @@ def dist_runs(tmp_path_factory):
     def get(procs: int) -> Path:
         if procs not in roots:
             root = tmp_path_factory.mktemp(f"dist{procs}")
-            cases = [[name, SMALL + o] for name, o in PARITY_CASES] + [["acceptance", ACCEPTANCE]]
-            (root / "cases.json").write_text(json.dumps(cases))
+            launched = [[name, o] for name, o in cases] + [["acceptance", ACCEPTANCE]]
+            (root / "cases.json").write_text(json.dumps(launched))
             argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
             if procs == 2:
                 proc = torchrun(procs, *argv, cwd=root, timeout=240)
                 results = [(proc.returncode, proc.stdout, proc.stderr)]
                 # rank 0 alone prints, once per run
-                assert proc.stdout.count("run written to") == len(cases), proc.stdout
+                assert proc.stdout.count("run written to") == len(launched), proc.stdout
             else:
                 results = finish(spawn(procs, argv, cwd=root), 240)
             for code, out, err in results:
@@ -142,13 +158,14 @@ def assert_same_summary(a: dict, b: dict, rel: float) -> None:
 
 
 @pytest.mark.parametrize("procs", [4, 2])
-@pytest.mark.parametrize("name", [name for name, _ in PARITY_CASES])
+@pytest.mark.parametrize("name", [name for name, _ in PARITY_CASES] + [CIFAR_CASE])
 def test_dist_matches_the_simulator(name, procs, sim_runs, dist_runs):
     sim, dist_ = sim_runs / name, dist_runs(procs) / name
     a, b = torch.load(sim / "checkpoint.pt"), torch.load(dist_ / "checkpoint.pt")
     Xa, Xb = a["rows"]["X"], b["rows"]["X"]
     assert Xb.shape == Xa.shape == (4, Xa.shape[1])  # rank 0 saved the full gathered matrix
     assert (Xb - Xa).abs().max() < 1e-10  # in float64 the difference is rounding only
+    assert (b["rows"]["B"] - a["rows"]["B"]).abs().max() < 1e-10  # BatchNorm statistics, where there are any
     for key, value in a["optimizer"]["rows"].items():
         assert (b["optimizer"]["rows"][key] - value).abs().max() < 1e-10, key
     for key, value in a["schedule"].get("rows", {}).items():  # compression references and residuals
