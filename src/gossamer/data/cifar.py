@@ -104,7 +104,7 @@ class CropFlip:
         offsets = torch.randint(0, 2 * p + 1, (n, b, 2), generator=generator, device=device)[rows.start : rows.stop]
         flips = torch.randint(0, 2, (n, b, 1), generator=generator, device=device)[rows.start : rows.stop].bool()
         N = m * b
-        padded = self._fill(device, x.dtype).expand(N, C, H + 2 * p, W + 2 * p).clone()
+        padded = _channel_values(self.fill, device, x.dtype).expand(N, C, H + 2 * p, W + 2 * p).clone()
         padded[:, :, p : p + H, p : p + W] = x.reshape(N, C, H, W)
         i, j = torch.arange(H, device=device), torch.arange(W, device=device)
         ys = offsets[..., 0].reshape(N, 1) + i
@@ -114,10 +114,11 @@ class CropFlip:
         out = padded[n_idx, c_idx, ys.view(N, 1, H, 1), xs.view(N, 1, 1, W)]
         return out.view(m, b, C, H, W)
 
-    @functools.cache
-    def _fill(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """The fill as [1, C, 1, 1] on ``device``: made once, not every step."""
-        return torch.tensor(self.fill, dtype=dtype).view(1, -1, 1, 1).to(device)
+
+@functools.cache
+def _channel_values(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """Per-channel values as [1, C, 1, 1] on ``device``: copied there once, not every step."""
+    return torch.tensor(values, dtype=dtype).view(1, -1, 1, 1).to(device)
 
 
 def load_cifar(files: CifarFiles, options: FileOptions) -> Dataset:

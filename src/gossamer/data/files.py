@@ -95,15 +95,18 @@ def missing(what: str, where: Path, remote: Remote) -> ConfigError:
 
 def extract(archive: Path, members: list[str], into: Path) -> None:
     """Extract exactly the named regular files of a .tar.gz (nothing else, no paths outside ``into``)."""
-    with tarfile.open(archive, "r:gz") as tar:
-        found = {m.name: m for m in tar.getmembers() if m.isfile()}
-        absent = [name for name in members if name not in found]
-        if absent:
-            raise ConfigError(f"{archive} lacks {absent[0]}: not the expected archive")
-        for name in members:
-            target = into / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            part = target.with_name(target.name + ".part")
-            with tar.extractfile(found[name]) as src, open(part, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-            os.replace(part, target)  # a file that is there is whole
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            found = {m.name: m for m in tar.getmembers() if m.isfile()}
+            absent = [name for name in members if name not in found]
+            if absent:
+                raise ConfigError(f"{archive} lacks {absent[0]}: not the expected archive")
+            for name in members:
+                target = into / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                part = target.with_name(target.name + ".part")
+                with tar.extractfile(found[name]) as src, open(part, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                os.replace(part, target)  # a file that is there is whole
+    except (tarfile.TarError, OSError) as e:
+        raise ConfigError(f"could not unpack {archive}: {e}") from None
