@@ -39,10 +39,12 @@ def _deterministic():
     torch.manual_seed(0)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session", autouse=True)
 def one_thread():
-    """One intra-op thread for a module: on a shared 2-core machine a second OpenMP thread mostly
-    waits at barriers for a descheduled peer (docs/benchmarks.md), and launched processes use one."""
+    """One intra-op thread, like every launched process (OMP_NUM_THREADS=1): on a shared 2-core
+    machine a second OpenMP thread mostly waits at barriers for a descheduled peer — measured, a
+    small Transformer step took 1.6 s with 2 threads under load and 0.03 s with 1
+    (docs/benchmarks.md, "Why --threads 1")."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

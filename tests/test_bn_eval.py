@@ -12,9 +12,6 @@ from gossamer.config import ConfigError, load_config
 from gossamer.train import averaged_model, build_run, recompute_batches
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")  # ResNet-20 on a shared 2-core machine
-
-
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     return write_cifar(tmp_path_factory.mktemp("cifar"), train=100, test=20)

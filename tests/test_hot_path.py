@@ -8,8 +8,6 @@ from conftest import small_config, write_cifar
 from gossamer.config import load_config
 from gossamer.train import Progress, build_run, epoch_indices, train_step
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
 
 

@@ -9,8 +9,6 @@ from gossamer.cli import main
 from gossamer.config import load_config
 from gossamer.repro import PAPER_CONFIGS, SUITES, build_suite
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):

@@ -78,7 +78,6 @@ def test_auto_choice():
         choose_backend(MLP(), 2, "jit")
 
 
-@pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-6), (torch.float64, 1e-12)])
 @pytest.mark.parametrize("model", ["resnet20", "cnn1d-bn"])
 def test_vmap_updates_batchnorm_statistics_as_n_separate_modules(model, dtype, tol):
