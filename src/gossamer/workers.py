@@ -23,12 +23,13 @@ Two gradient backends compute the same per-worker losses, gradients and BatchNor
 ``auto`` picks ``loop`` for one worker; on CUDA, ``vmap`` (each layer of the n workers is one
 kernel instead of n launches; chosen without a GPU measurement, see docs/benchmarks.md). On CPU
 it picks by model size: ``vmap`` below 50,000 parameters, where the loop pays the fixed per-op
-cost of tiny ops n times (vmap was 2.3-5.4x faster for the MLP and the 1-D CNN, 5-16 K
-parameters, at n = 16 and 64 on 2 CPU cores) — except float64 convolutional models with fewer
+cost of tiny ops n times (vmap was 1.8-5.4x faster for the MLP and the 1-D CNN, 5-16 K
+parameters, at n = 16 and 64 on 2 CPU cores, in two runs of docs/benchmarks.md) — except float64 convolutional models with fewer
 than 8 workers (no oneDNN kernel for float64: the grouped convolution lost to the loop there);
 ``loop`` from 50,000 parameters on, where the step is compute-bound and CPU kernels on one
-worker's batch are as fast as vmap's batched ones (ResNet-20, 0.27 M, and the char Transformer,
-0.12-0.43 M: vmap was 1.0-2x slower than the loop at n = 16, docs/benchmarks.md, benchmark 4).
+worker's batch are as fast as vmap's batched ones or faster (vmap was 1.2-3.4x slower than the
+loop for ResNet-20, 0.27 M, at n = 16 and 64, b = 8 and 32, and 1.06x for the char Transformer,
+0.43 M, at n = 16: docs/benchmarks.md, benchmark 2).
 The rule is fixed, not timed at run time, so that the same config always takes the same path
 (and gives the same numbers).
 """
