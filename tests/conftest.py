@@ -1,6 +1,8 @@
 import pytest
 import torch
+from launch import sets
 
+from gossamer.cli import main
 from gossamer.config import load_config
 from gossamer.report import reference_trajectory
 from gossamer.train import build_run, train
@@ -37,6 +39,22 @@ def train_final(*overrides: str):
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def sim_run(tmp_path_factory):
+    """The run directory of ``gossamer train`` (the simulator) with a list of overrides, trained
+    once per session: the reference that multi-process runs of the same config are compared with."""
+    runs = {}
+
+    def get(overrides: list[str]):
+        key = tuple(overrides)
+        if key not in runs:
+            out = tmp_path_factory.mktemp("sim") / "run"
+            assert main(["train", "--quiet", "--out", str(out), *sets(overrides)]) == 0
+            runs[key] = out
+        return runs[key]
+    return get
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -241,6 +241,9 @@ def test_local_sgd_with_h4_has_s_over_4_rounds():
     (["optimizer=lion"], "unknown optimizer 'lion'"),
     (["algorithm=gossip", "gossip_form=sideways"], "unknown gossip_form"),
     (["algorithm=gossip", "phase_epochs=[1]"], "phase_epochs needs phases"),
+    (["algorithm=gossip", "phases=[gossip,allreduce]", "phase_steps=[5]", "phase_epochs=[1]"], "not both"),
+    (["algorithm=gossip", "phases=[gossip,allreduce]", "phase_steps=[2.5]"], "phase_steps must be a list of integers"),
+    (["algorithm=gossip", "phases=[gossip,allreduce,gossip]", "phase_steps=[5,5]"], "increasing steps"),
 ])
 def test_bad_algorithm_options(overrides, fragment):
     from gossamer.config import ConfigError
@@ -257,3 +260,14 @@ def test_every_algorithm_runs_from_the_cli(tmp_path, capsys):
                 for x in ("--set", kv)]
         assert main(["train", *sets, "--quiet", "--out", str(tmp_path / algorithm)]) == 0
         assert json.loads((tmp_path / algorithm / "summary.json").read_text())["test_accuracy"] > 0.15
+
+
+def test_phase_steps_are_phase_epochs_counted_in_steps():
+    """12 steps an epoch: a boundary at step 6 is the boundary at epoch 0.5; one past the run is refused."""
+    by_epoch, _ = train_final("algorithm=gossip", "epochs=1", "phases=[gossip,allreduce]", "phase_epochs=[0.5]")
+    by_step, _ = train_final("algorithm=gossip", "epochs=1", "phases=[gossip,allreduce]", "phase_steps=[6]")
+    by_epoch.pop("wall_seconds"), by_step.pop("wall_seconds")
+    assert by_step == by_epoch and by_step["comm_rounds_gossip"] == 6
+    from gossamer.config import ConfigError
+    with pytest.raises(ConfigError, match="phase_steps must be below the run's 12 steps"):
+        train_final("algorithm=gossip", "epochs=1", "phases=[gossip,allreduce]", "phase_steps=[12]")

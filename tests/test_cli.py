@@ -22,7 +22,7 @@ def test_train_writes_the_run_directory(tmp_path, capsys):
     out = tmp_path / "run"
     code, stdout, _ = run_cli(capsys, "train", *SMALL, "--set", "algorithm=gossip", "--out", str(out))
     assert code == 0
-    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
+    assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", ".gossamer-run"}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, len(rows) + 1))
     assert {"step", "epoch", "lr", "loss", "consensus_distance_sq"} <= rows[0].keys()
@@ -77,6 +77,7 @@ def test_same_config_and_seed_give_identical_summaries(tmp_path, capsys):
                                      "the dataset's inputs of shape [1, 40] (classification)"),
     (["--set", "model=resnet20", "--set", "width=8"], "width does not apply to model 'resnet20'"),
     (["--set", "bn_eval=recompute"], "bn_eval applies to models with BatchNorm running statistics"),
+    (["--set", "logger=wandb"], "unknown logger 'wandb'; choose one of: none, csv, tensorboard"),
 ])
 def test_bad_options_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
     out = tmp_path / "never"
@@ -103,13 +104,18 @@ def test_argparse_errors_are_one_line_exit_2(capsys):
 def test_non_empty_run_directory_is_refused_and_kept(tmp_path, capsys):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "summary.json").write_text("precious")
+    (out / "summary.json").write_text("precious")  # the user's own file, not a run's
     code, _, err = run_cli(capsys, "train", *SMALL, "--out", str(out))
     assert code == 2 and "--overwrite" in err
-    assert (out / "summary.json").read_text() == "precious"
+    code, _, err = run_cli(capsys, "train", *SMALL, "--out", str(out), "--overwrite")
+    assert code == 2 and "summary.json, which no gossamer run wrote" in err
+    assert (out / "summary.json").read_text() == "precious" and sorted(p.name for p in out.iterdir()) == ["summary.json"]
+    (out / "summary.json").unlink()
+    assert run_cli(capsys, "train", *SMALL, "--out", str(out))[0] == 0
     (out / "notes.txt").write_text("mine")
-    assert run_cli(capsys, "train", *SMALL, "--out", str(out), "--overwrite")[0] == 0
-    assert (out / "summary.json").read_text() != "precious"
+    first = (out / "summary.json").read_text()
+    assert run_cli(capsys, "train", *SMALL, "--set", "seed=1", "--out", str(out), "--overwrite")[0] == 0
+    assert (out / "summary.json").read_text() != first
     assert (out / "notes.txt").read_text() == "mine"  # --overwrite replaces only run files
 
 
@@ -143,6 +149,65 @@ def test_compare_prints_a_table(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"))
     assert code == 0 and "test acc" in out and str(tmp_path / "a") in out
     assert run_cli(capsys, "compare", str(tmp_path / "missing"))[0] == 2
+
+
+def test_csv_logger_writes_every_metric_row_as_columns(tmp_path, capsys):
+    import csv
+
+    out = tmp_path / "run"
+    overrides = ["--set", "algorithm=gossip", "--set", "epochs=1", "--set", "logger=csv"]
+    assert run_cli(capsys, "train", *SMALL, *overrides, "--out", str(out))[0] == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    with open(out / "metrics.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows)
+    for row, line in zip(rows, table):
+        for key in ("loss", "lr", "consensus_distance_sq", "theta_sq", "grad_norm_sq", "comm_rounds",
+                    "bytes_per_worker", "extra_gossip_rounds"):
+            assert float(line[key]) == row[key], key
+    last = table[-1]
+    assert float(last["test_accuracy"]) == rows[-1]["test_accuracy"]
+    layers = rows[-1]["consensus_distance_sq_per_layer"]
+    assert {f"consensus_distance_sq_per_layer/{name}" for name in layers} <= last.keys()
+    assert table[0]["test_accuracy"] == ""  # measured at the evaluation only
+
+
+def test_tensorboard_logger_writes_every_scalar_at_its_step(tmp_path, capsys):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    out = tmp_path / "run"
+    overrides = ["--set", "algorithm=gossip", "--set", "epochs=1", "--set", "logger=tensorboard"]
+    assert run_cli(capsys, "train", *SMALL, *overrides, "--out", str(out))[0] == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    for tag in ("loss", "consensus_distance_sq", "theta_sq", "grad_norm_sq", "lr", "bytes_per_worker",
+                "extra_gossip_rounds", "test_accuracy"):
+        logged = {e.step: e.value for e in events.Scalars(tag)}
+        expected = {r["step"]: r[tag] for r in rows if tag in r}
+        assert logged.keys() == expected.keys(), tag
+        assert all(logged[k] == pytest.approx(v, rel=1e-6) for k, v in expected.items()), tag  # float32 events
+
+
+def test_a_missing_optional_dependency_is_one_line_naming_the_install(tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else
+                        find_spec(name, *a))
+    code, _, err = run_cli(capsys, "train", *SMALL, "--set", "logger=tensorboard", "--out", str(tmp_path / "never"))
+    assert code == 2 and err.count("\n") == 1
+    assert "pip install 'gossamer[tensorboard]'" in err
+    assert not (tmp_path / "never").exists()
+
+
+def test_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"gossamer {version('gossamer')}"
 
 
 def test_a_config_file_extends_its_base(tmp_path, capsys):

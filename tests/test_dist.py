@@ -8,22 +8,17 @@ parity.py), compared here with the same cases trained by the simulator.
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
+from launch import SMALL, finish, sets, spawn, torchrun
 
 from conftest import write_cifar
 from gossamer.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
-SMALL = ["workers=4", "epochs=1", "batch_size=16", "num_samples=1000", "lr=0.05", "momentum=0.9",
-         "nesterov=true", "dtype=float64", "grad_backend=loop"]
 FAST = ["grad_backend=loop"]  # the per-worker module loop: the fast gradients for the small CNN
 
 # (name, overrides): each runs on 4 processes and on 2 (2 workers each), compared with engine=sim.
@@ -42,75 +37,27 @@ PARITY_CASES = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn(procs: int, argv: list[str], cwd: Path, **env_extra) -> list[subprocess.Popen]:
-    """``procs`` processes of ``python ARGV`` with torchrun's environment (one node, loopback)."""
-    port = free_port()
-    out = []
-    for rank in range(procs):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(procs),
-               "LOCAL_WORLD_SIZE": str(procs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1", **env_extra}
-        out.append(subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, text=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    return out
-
-
-def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
-    try:
-        return [(p.wait(timeout), *p.communicate()) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def torchrun(procs: int, *argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", str(procs), *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-def sets(overrides: list[str]) -> list[str]:
-    return [a for o in overrides for a in ("--set", o)]
-
-
-# ---------------------------------------------------------------- parity: 4 and 2 processes
-
-
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"
 
 
 @pytest.fixture(scope="module")
-def cases(tmp_path_factory) -> list[tuple[str, list[str]]]:
-    """Every parity case's full overrides."""
+def cifar_case(tmp_path_factory) -> list[str]:
     data = write_cifar(tmp_path_factory.mktemp("cifar"), train=128, test=32)
-    cifar = ["dataset=cifar10", f"data_dir={data}", "model=resnet20", "workers=4", "epochs=1", "batch_size=4",
-             "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop", "algorithm=gossip",
-             "bn_eval=recompute"]
-    return [(name, SMALL + o) for name, o in PARITY_CASES] + [(CIFAR_CASE, cifar)]
+    return ["dataset=cifar10", f"data_dir={data}", "model=resnet20", "workers=4", "epochs=1", "batch_size=4",
+            "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop", "algorithm=gossip",
+            "bn_eval=recompute"]
 
 
-@pytest.fixture(scope="module")
-def sim_runs(tmp_path_factory, cases):
-    root = tmp_path_factory.mktemp("sim")
-    for name, overrides in cases:
-        assert main(["train", "--quiet", "--out", str(root / name), *sets(overrides)]) == 0
-    return root
+# ---------------------------------------------------------------- parity: 4 and 2 processes
 
 
 ACCEPTANCE = ["workers=4", "epochs=1", "num_samples=1000", "algorithm=gossip", *FAST]  # float32, CLI defaults
 
 
 @pytest.fixture(scope="module")
-def dist_runs(tmp_path_factory, cases):
+def dist_runs(tmp_path_factory, cifar_case):
     """{procs: run root}, launched on first use: one launch per process count runs every case.
     2 processes go through torchrun (its agent hosts the store); 4 are started directly with
     torchrun's environment (rank 0 hosts the store)."""
@@ -119,14 +66,15 @@ def dist_runs(tmp_path_factory, cases):
     def get(procs: int) -> Path:
         if procs not in roots:
             root = tmp_path_factory.mktemp(f"dist{procs}")
-            launched = [[name, o] for name, o in cases] + [["acceptance", ACCEPTANCE]]
-            (root / "cases.json").write_text(json.dumps(launched))
+            cases = ([[name, SMALL + o] for name, o in PARITY_CASES] + [[CIFAR_CASE, cifar_case]]
+                     + [["acceptance", ACCEPTANCE]])
+            (root / "cases.json").write_text(json.dumps(cases))
             argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
             if procs == 2:
                 proc = torchrun(procs, *argv, cwd=root, timeout=240)
                 results = [(proc.returncode, proc.stdout, proc.stderr)]
                 # rank 0 alone prints, once per run
-                assert proc.stdout.count("run written to") == len(launched), proc.stdout
+                assert proc.stdout.count("run written to") == len(cases), proc.stdout
             else:
                 results = finish(spawn(procs, argv, cwd=root), 240)
             for code, out, err in results:
@@ -155,8 +103,9 @@ def assert_same_summary(a: dict, b: dict, rel: float) -> None:
 
 @pytest.mark.parametrize("procs", [4, 2])
 @pytest.mark.parametrize("name", [name for name, _ in PARITY_CASES] + [CIFAR_CASE])
-def test_dist_matches_the_simulator(name, procs, sim_runs, dist_runs):
-    sim, dist_ = sim_runs / name, dist_runs(procs) / name
+def test_dist_matches_the_simulator(name, procs, sim_run, dist_runs, cifar_case):
+    overrides = cifar_case if name == CIFAR_CASE else SMALL + dict(PARITY_CASES)[name]
+    sim, dist_ = sim_run(overrides), dist_runs(procs) / name
     a, b = torch.load(sim / "checkpoint.pt"), torch.load(dist_ / "checkpoint.pt")
     Xa, Xb = a["rows"]["X"], b["rows"]["X"]
     assert Xb.shape == Xa.shape == (4, Xa.shape[1])  # rank 0 saved the full gathered matrix
@@ -209,7 +158,7 @@ def test_the_cli_gives_the_simulators_summary_in_float32(tmp_path, procs, dist_r
     command with engine=sim, in the default float32."""
     assert main(["train", "--quiet", "--out", str(tmp_path / "sim"), *sets(ACCEPTANCE)]) == 0
     run = dist_runs(procs) / "acceptance"
-    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt"}
+    assert {p.name for p in run.iterdir()} == {"config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt", ".gossamer-run"}
     assert_same_summary(summary_of(tmp_path / "sim"), summary_of(run), rel=1e-5)
     sim_x, dist_x = (torch.load(r / "checkpoint.pt")["rows"]["X"] for r in (tmp_path / "sim", run))
     assert (dist_x - sim_x).abs().max() < 1e-5
@@ -266,12 +215,19 @@ def test_a_lost_process_stops_the_others_within_the_timeout_naming_it(tmp_path, 
             p.communicate()
 
 
-# ---------------------------------------------------------------- the library API
+# ---------------------------------------------------------------- stop and resume
 
 
-def test_example_trains_a_plain_model_with_the_averager_under_torchrun(tmp_path):
-    proc = torchrun(2, str(ROOT / "examples" / "averager.py"), "--steps", "60", cwd=tmp_path)
+def test_a_signal_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(tmp_path):
+    from test_durable import assert_same_run
+
+    cases = [["gossip", SMALL + ["algorithm=gossip", "topology=ring", "epochs=2"]],
+             ["local", SMALL + ["algorithm=local", "local_steps=3", "epochs=2"]]]
+    (tmp_path / "cases.json").write_text(json.dumps(cases))
+    proc = torchrun(2, str(SCRIPTS / "resume.py"), str(tmp_path), str(tmp_path / "cases.json"), "9",
+                    cwd=tmp_path, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["final_loss"] < 0.5 * result["first_loss"]
-    assert 0 <= result["consensus_distance_sq"] < 1e-3
+    for name, _ in cases:
+        assert torch.load(tmp_path / f"{name}-stopped" / "checkpoint.pt", weights_only=True)["step"] == 2 * 12
+        assert_same_run(tmp_path / f"{name}-straight", tmp_path / f"{name}-stopped")
+

@@ -124,7 +124,8 @@ def test_metrics_every_changes_rows_and_measurement_traffic_not_training(overrid
 
 def test_measurement_traffic_is_counted_apart_and_exactly():
     """allreduce, n = 4: the algorithm's bytes are its gradient all-reduces alone; measurement is
-    φ², loss and Ξ² at each measured step, plus what each evaluation reads."""
+    φ², loss and Ξ² at each measured step, plus what each evaluation reads (bookkeeping such as
+    the finite check before a checkpoint is not counted)."""
     cfg = small_config("algorithm=allreduce", "metrics_every=3")
     run = build_run(cfg)
     summary = train(cfg, run)
@@ -132,6 +133,39 @@ def test_measurement_traffic_is_counted_apart_and_exactly():
     g, r = (n - 1) * 4, allreduce_bytes(d, n)  # a scalar all-gather, an all-reduce of d values
     measured, evaluations = len({*range(3, steps + 1, 3), S, 2 * S}), 2
     per_step = 3 * g + r  # φ², loss, Ξ² (x̄ and one scalar)
-    per_evaluation = g + (r + 0) + g + 2 * r  # finite check, x̄ and b̄ (no buffers), local mean, per layer
+    per_evaluation = (r + 0) + g + 2 * r  # x̄ and b̄ (no buffers), local mean, per layer
     assert summary["bytes_per_worker"] == steps * r
     assert summary["bytes_per_worker_metrics"] == pytest.approx(measured * per_step + evaluations * per_evaluation)
+
+
+@pytest.mark.parametrize("overrides, steps", [
+    (["algorithm=allreduce"], range(2 * S)),
+    (["algorithm=local", "local_steps=3"], []),
+    (["algorithm=post-local", "switch_step=5", "local_steps=3"], range(5)),
+    (["algorithm=gossip", "phases=[gossip,allreduce,gossip]", "phase_steps=[4,9]"], range(4, 9)),
+    (["algorithm=gossip", "gossip_form=mix-then-step", "phases=[allreduce,gossip]", "phase_steps=[7]"], range(7)),
+    (["algorithm=diloco", "local_steps=4"], []),
+])
+def test_averages_gradients_says_exactly_when_on_gradients_averages_them(overrides, steps):
+    """What DDP's comm hook relies on (gossamer.integrations): at step t, on_gradients all-reduces
+    G — and does nothing else — exactly when averages_gradients(t)."""
+    from gossamer.algorithms import Step
+
+    cfg = small_config(*overrides)
+    engine = RecordingEngine(cfg.workers)
+    run = build_run(cfg, engine=engine)
+    w = run.workers
+    engine.names = {w.X.data_ptr(): "X", w.G.data_ptr(): "G"}
+    run.schedule.start(engine, w.X)
+    averaged = []
+    for t in range(2 * S):
+        engine.t, engine.calls = t, []
+        w.G.normal_()
+        step = Step(t, lr=0.01, measure=False)
+        run.schedule.on_gradients(engine, w.X, w.G, step)
+        expected = [(t, "allreduce", "G")] if run.schedule.averages_gradients(t) else []
+        assert [c for c in engine.calls if c[2] == "G" or expected] == expected
+        averaged += [t] if expected else []
+        run.optimizer.step(w.X, w.G, 0.01)
+        run.schedule.after_step(engine, w.X, step)
+    assert averaged == list(steps)

@@ -246,11 +246,45 @@ def test_errors(tmp_path):
 
 
 def test_check_doubly_stochastic():
-    _check_doubly_stochastic(np.eye(3), "x")
+    swap = np.array([[0, 1], [1, 0]])  # slot 0 self, slot 1 the other worker
+    _check_doubly_stochastic(Mixing(np.arange(3)[None], np.ones((1, 3))), "x")
     with pytest.raises(TopologyError, match="'x'"):
-        _check_doubly_stochastic(np.array([[0.5, 0.5], [0.4, 0.6]]), "x")
+        _check_doubly_stochastic(Mixing(swap, np.array([[0.5, 0.6], [0.5, 0.4]])), "x")  # columns 1.1, 0.9
     with pytest.raises(TopologyError, match="negative"):
-        _check_doubly_stochastic(np.array([[1.5, -0.5], [-0.5, 1.5]]), "x")
+        _check_doubly_stochastic(Mixing(swap, np.array([[1.5, 1.5], [-0.5, -0.5]])), "x")
+
+
+@pytest.mark.parametrize("spec, n", [("ring", 16), ("exponential", 12), ("one-peer-exponential", 16),
+                                     ("complete", 9), ("ring", 1)])
+def test_circulant_spectra_in_closed_form_equal_the_dense_ones(spec, n):
+    topo = build_topology(spec, n)
+    assert all(m.spectrum is not None for m in topo.mixings) or n == 1
+    prod = np.eye(n)
+    for m in topo.mixings:
+        prod = m.dense() @ prod
+    dense_gap = 1 - np.linalg.norm(prod - 1 / n, 2) ** (1 / topo.period) if n > 1 else 1.0
+    assert spectral_gap(topo) == pytest.approx(min(1.0, max(0.0, dense_gap)), abs=1e-12)
+    for m in topo.mixings:
+        assert m.p == pytest.approx(1 - np.linalg.norm(m.dense() - 1 / n, 2) ** 2 if n > 1 else 1.0, abs=1e-12)
+
+
+def test_graphs_that_are_not_circulant_use_a_sparse_iteration_for_large_n(monkeypatch):
+    import gossamer.topology as topology
+
+    for spec in ("torus", "random-regular:3"):
+        topo = build_topology(spec, 36, seed=2)
+        assert topo.mixing(0).spectrum is None
+        dense = spectral_gap(topo)
+        monkeypatch.setattr(topology, "DENSE_MAX", 8)
+        assert spectral_gap(topo) == pytest.approx(dense, abs=1e-9)
+        monkeypatch.undo()
+
+
+def test_a_ring_of_100000_workers_needs_no_dense_matrix():
+    """Its n×n matrix would take 80 GB: the closed form and the slot-form checks must serve."""
+    topo = build_topology("ring", 100_000)
+    assert analyse(topo)["spectral_gap"] == pytest.approx(_ring_gap(100_000), rel=1e-6)
+    assert topo.mixing(0).messages_per_worker == 2
 
 
 def test_time_varying_gap_and_analyse():

@@ -2,7 +2,9 @@
 
 Every algorithm of both papers is a :class:`Schedule` over the hooks of the training loop:
 ``start`` (before the first step), ``on_gradients`` (after backward, before the local optimizer
-step: where mini-batch SGD averages gradients) and ``after_step`` (after the local step: where
+step: where mini-batch SGD averages gradients; ``averages_gradients(t)`` says whether it does at
+step t, and then it does nothing else, so a gradient all-reduce done elsewhere — DDP's — can stand
+in for it) and ``after_step`` (after the local step: where
 models are averaged or gossiped; it returns metrics for the step's row). ``step.t`` is the 0-based
 index of the step being taken. Everything a schedule carries from step to step is in its
 ``state_dict()`` (tensors with one row per worker under ``rows``), so a run can be resumed.
@@ -14,6 +16,7 @@ keys it owns, validated there): ``@ALGORITHMS.register("name", options=...)``.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -45,6 +48,8 @@ class Schedule(Protocol):
 
     def start(self, engine, X: torch.Tensor) -> None: ...
 
+    def averages_gradients(self, t: int) -> bool: ...
+
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None: ...
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict: ...
@@ -63,6 +68,8 @@ class Context:
     optimizer_rows: list[torch.Tensor]  # the local optimizer's per-worker state
     steps_per_epoch: int
     reference: list[float] | None = None  # Ξ_t² by step of the run of a `run:DIR` consensus target
+    total_steps: int | None = None  # steps the run takes (None: open-ended, a user's training loop)
+    buffer_rows: list[torch.Tensor] = field(default_factory=list)  # buffers averaged with the parameters
 
 
 # ---------------------------------------------------------------- model averaging (local SGD family)
@@ -73,7 +80,8 @@ class ModelSync:
     """Averages the models of a group (all n workers, or a block), exactly or compressed.
 
     Exact: x_i ← mean of the group, and the same for each ``shared_state`` tensor (optimizer
-    state, when it is averaged with the parameters). Compressed (Lin et al.): each worker sends
+    state or buffers, when they are averaged with the parameters; always exactly, also when the
+    parameters travel compressed). Compressed (Lin et al.): each worker sends
     C(Δ_i), Δ_i = x_i − x_ref (+ e_i with error feedback, kept by the level's compressor), x_ref
     the group's model at its last sync at that level; then x_i ← x_ref + mean_group C(Δ_j). The
     messages are all-gathered (they cannot be summed on the way). A global sync also resets the
@@ -94,9 +102,10 @@ class ModelSync:
 
     def __call__(self, engine, X: torch.Tensor, block_size: int | None = None) -> None:
         level = "block" if block_size else "global"
+        exact = (X, *self.shared_state) if self.compression == "none" else self.shared_state
+        for rows in exact:
+            engine.block_mean_(rows, block_size) if block_size else engine.allreduce_mean_(rows)
         if self.compression == "none":
-            for rows in (X, *self.shared_state):
-                engine.block_mean_(rows, block_size) if block_size else engine.allreduce_mean_(rows)
             return
         compressor = self.compressors[level]
         messages = engine.all_gather(compressor.compress(X - self.ref[level]), block_size)
@@ -127,6 +136,9 @@ class AllReduce:
 
     def start(self, engine, X: torch.Tensor) -> None:
         pass
+
+    def averages_gradients(self, t: int) -> bool:
+        return True
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         engine.allreduce_mean_(G)
@@ -164,8 +176,11 @@ class LocalSGD:
     def _levels(self) -> tuple[str, ...]:
         return ("global", "block") if self.block_size else ("global",)
 
+    def averages_gradients(self, t: int) -> bool:
+        return t < self.switch
+
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
-        if step.t < self.switch:
+        if self.averages_gradients(step.t):
             engine.allreduce_mean_(G)
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
@@ -215,8 +230,9 @@ class Decentralized:
     shared_state: list[torch.Tensor] = field(default_factory=list)
     optimizer_state: list[torch.Tensor] = field(default_factory=list)
     rounds: int = 0
-    _change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round
-    _mixing: Mixing | None = None
+    keep_change: bool = False  # compute each step's change also when the step is not measured
+    change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round (when measured or kept)
+    mixing: Mixing | None = None  # W of the step's round
 
     def start(self, engine, X: torch.Tensor) -> None:
         pass
@@ -229,24 +245,26 @@ class Decentralized:
         self.rounds += 1
         for rows in self.shared_state:
             engine.gossip_(rows, mixing)
-        self._mixing = mixing
+        self.mixing = mixing
         return engine.gossip_(X, mixing, measure=measure)
 
+    def averages_gradients(self, t: int) -> bool:
+        return self.modes[self.phase(t)] == "allreduce"
+
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
-        mode = self.modes[self.phase(step.t)]
-        if mode == "allreduce":
+        if self.averages_gradients(step.t):
             engine.allreduce_mean_(G)
         elif self.form == "mix-then-step":
-            self._change = self._round(engine, X, measure=step.measure)
+            self.change = self._round(engine, X, measure=step.measure or self.keep_change)
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         k = self.phase(step.t)
         metrics = {"phase": k + 1, "extra_gossip_rounds": 0}
         if self.modes[k] != "allreduce":
             if self.form == "step-then-mix":
-                self._change = self._round(engine, X, measure=step.measure)
+                self.change = self._round(engine, X, measure=step.measure or self.keep_change)
             if step.measure:
-                metrics.update(local_estimate(engine.mean_scalar(self._change), self._mixing))
+                metrics.update(local_estimate(engine.mean_scalar(self.change), self.mixing))
             if self.modes[k] == "controlled":
                 metrics.update(self.controller.control(engine, X, step, lambda: self._round(engine, X)))
             ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
@@ -272,25 +290,63 @@ def local_estimate(theta_sq: float, mixing: Mixing) -> dict:
 # ---------------------------------------------------------------- DiLoCo
 
 
+class OuterOptimizer(Protocol):
+    """DiLoCo's outer optimizer: moves x_outer (a row per local worker) along −Δ, in place."""
+
+    def start(self, x_outer: torch.Tensor) -> None: ...
+
+    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor) -> None: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+@dataclass
+class OuterSGD:
+    """SGD with Nesterov momentum (none when ``momentum`` is 0) at learning rate ``lr``."""
+
+    lr: float
+    momentum: float
+    sgd: SGD | None = None
+
+    def start(self, x_outer: torch.Tensor) -> None:
+        self.sgd = SGD(x_outer, self.momentum, self.momentum > 0)
+
+    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor) -> None:
+        self.sgd.step(x_outer, pseudo_gradient, self.lr)
+
+    def state_dict(self) -> dict:
+        return self.sgd.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sgd.load_state_dict(state)
+
+
 @dataclass
 class DiLoCo:
     """DiLoCo (Douillard et al. 2023): H inner steps, then an outer step on the pseudo-gradient.
 
-    Δ = x_outer − mean_i x_i (one all-reduce); the outer optimizer (SGD with Nesterov momentum,
-    lr ``outer_lr``) moves x_outer along −Δ and every worker restarts from x_outer. With outer
-    lr 1 and momentum 0, x_outer ← mean_i x_i: exactly local SGD. Every worker keeps its own copy
-    of x_outer and of the outer momentum (identical rows, as each DiLoCo replica does).
+    Δ = x_outer − mean_i x_i (one all-reduce); the outer optimizer (``OuterSGD``: SGD with
+    Nesterov momentum, lr ``outer_lr``; in the library API the user's own) moves x_outer along −Δ
+    and every worker restarts from x_outer. With outer lr 1 and momentum 0, x_outer ← mean_i x_i:
+    exactly local SGD. Every worker keeps its own copy of x_outer and of the outer optimizer's
+    state (identical rows, as each DiLoCo replica does), and its inner optimizer's state across
+    outer steps, as the DiLoCo paper does (it is never averaged). ``shared_state`` (buffers
+    averaged with the parameters) is averaged at each outer step.
     """
 
     local_steps: int
-    outer_lr: float
-    outer_momentum: float
+    outer: OuterOptimizer
+    shared_state: list[torch.Tensor] = field(default_factory=list)
     x_outer: torch.Tensor | None = None
-    outer: SGD | None = None
 
     def start(self, engine, X: torch.Tensor) -> None:
         self.x_outer = X.clone()
-        self.outer = SGD(self.x_outer, self.outer_momentum, self.outer_momentum > 0)
+        self.outer.start(self.x_outer)
+
+    def averages_gradients(self, t: int) -> bool:
+        return False
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         pass
@@ -298,9 +354,9 @@ class DiLoCo:
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         if (step.t + 1) % self.local_steps:
             return {}
-        engine.allreduce_mean_(X)
-        pseudo_gradient = self.x_outer - X
-        self.outer.step(self.x_outer, pseudo_gradient, self.outer_lr)
+        for rows in (X, *self.shared_state):
+            engine.allreduce_mean_(rows)
+        self.outer.step(self.x_outer, self.x_outer - X)
         X.copy_(self.x_outer)
         return {}
 
@@ -372,24 +428,30 @@ class GossipOptions:
     gossip_form: str = "step-then-mix"
     phases: list[str] = field(default_factory=list)  # a mode per phase: allreduce | gossip | controlled
     phase_epochs: list[float] = field(default_factory=list)  # boundaries; [] = the lr milestones
+    phase_steps: list[int] = field(default_factory=list)  # boundaries in steps instead
     consensus: ConsensusConfig = field(default_factory=ConsensusConfig)
 
     def validate(self, cfg) -> None:
         TOPOLOGIES.parse(self.topology)
-        if self.phase_epochs and not self.phases:
-            raise ConfigError("phase_epochs needs phases (one mode per phase)")
+        if self.phase_epochs and self.phase_steps:
+            raise ConfigError("give the gossip phase boundaries as phase_epochs or phase_steps, not both")
+        if (self.phase_epochs or self.phase_steps) and not self.phases:
+            raise ConfigError(f"{'phase_steps' if self.phase_steps else 'phase_epochs'} needs phases "
+                              f"(one mode per phase)")
         if self.gossip_form not in GOSSIP_FORMS:
             raise ConfigError(f"unknown gossip_form '{self.gossip_form}'; choose one of: {', '.join(GOSSIP_FORMS)}")
         self.consensus.validate()
         for mode in self.phases:
             if mode not in PHASE_MODES:
                 raise ConfigError(f"unknown phase mode '{mode[:100]}'; choose from: {', '.join(PHASE_MODES)}")
-        modes, boundaries = gossip_phases(cfg)
+        modes, boundaries, unit = gossip_phases(cfg)
         if self.phases and len(boundaries) != len(self.phases) - 1:
             raise ConfigError(f"phases has {len(self.phases)} modes but {len(boundaries)} boundaries "
-                              f"(phase_epochs, or the lr milestones when phase_epochs is empty)")
-        if boundaries != sorted(boundaries) or any(not 0 < b < cfg.epochs for b in boundaries):
-            raise ConfigError(f"phase_epochs must be increasing epochs in (0, {cfg.epochs}), got {boundaries}")
+                              f"(phase_steps or phase_epochs, or the lr milestones when both are empty)")
+        end = cfg.epochs if unit == "epochs" else math.inf
+        if boundaries != sorted(set(boundaries)) or any(not 0 < b < end for b in boundaries):
+            raise ConfigError(f"phase_steps must be increasing steps > 0, got {boundaries}" if unit == "steps" else
+                              f"phase_epochs must be increasing epochs in (0, {cfg.epochs}), got {boundaries}")
         if "controlled" in modes and self.consensus.target == "none":
             raise ConfigError("a controlled phase needs consensus.target (constant, gradient or run:DIR)")
         if self.consensus.target == "gradient" and cfg.metrics_every != 1:
@@ -404,6 +466,9 @@ class DiLoCoOptions:
 
     def validate(self, cfg) -> None:
         _positive_int(self, "local_steps")
+        if cfg.average_optimizer_state:
+            raise ConfigError("average_optimizer_state does not apply to algorithm diloco: each worker keeps its "
+                              "inner optimizer state across outer steps, as in the DiLoCo paper")
         if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"diloco needs outer_lr > 0 and outer_momentum in [0, 1), "
                               f"got {self.outer_lr} and {self.outer_momentum}")
@@ -417,17 +482,33 @@ def switch_step(cfg, steps_per_epoch: int) -> int:
     return round(epoch * steps_per_epoch)
 
 
-def gossip_phases(cfg) -> tuple[list[str], list[float]]:
-    """(one mode per phase, the epochs where one phase ends and the next begins). Without
-    ``phases``, gossip is one phase, controlled if a consensus target is set."""
-    if cfg.phases:
-        return list(cfg.phases), list(cfg.phase_epochs or cfg.milestones)
-    return ["controlled" if cfg.consensus.target != "none" else "gossip"], []
+def gossip_phases(cfg) -> tuple[list[str], list[float], str]:
+    """(one mode per phase, where one phase ends and the next begins, and the unit of those
+    boundaries: "steps" or "epochs"). Without ``phases``, gossip is one phase, controlled if a
+    consensus target is set."""
+    if not cfg.phases:
+        return ["controlled" if cfg.consensus.target != "none" else "gossip"], [], "epochs"
+    if cfg.phase_steps:
+        return list(cfg.phases), list(cfg.phase_steps), "steps"
+    return list(cfg.phases), list(cfg.phase_epochs or cfg.milestones), "epochs"
+
+
+def phase_starts(cfg, ctx: Context) -> list[int]:
+    """The first step of phases 2, 3, ... (each must lie inside the run, when its length is known)."""
+    _, boundaries, unit = gossip_phases(cfg)
+    starts = [int(b) if unit == "steps" else round(b * ctx.steps_per_epoch) for b in boundaries]
+    if ctx.total_steps is not None and any(s >= ctx.total_steps for s in starts):
+        raise ConfigError(f"phase_steps must be below the run's {ctx.total_steps} steps, got {starts}")
+    return starts
+
+
+def _shared(cfg, ctx: Context) -> list[torch.Tensor]:
+    """The rows communicated with the parameters: optimizer state if averaged, and buffers."""
+    return [*(ctx.optimizer_rows if cfg.average_optimizer_state else []), *ctx.buffer_rows]
 
 
 def _sync(cfg, ctx: Context) -> ModelSync:
-    shared = ctx.optimizer_rows if cfg.average_optimizer_state else []
-    return ModelSync(cfg.compression, ctx.numels, shared)
+    return ModelSync(cfg.compression, ctx.numels, _shared(cfg, ctx))
 
 
 @ALGORITHMS.register("allreduce", help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
@@ -458,9 +539,9 @@ def _hierarchical(cfg, ctx: Context) -> LocalSGD:
 def _gossip(cfg, ctx: Context) -> Decentralized:
     topology = build_topology(cfg.topology, cfg.workers,
                               seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
-    modes, boundaries = gossip_phases(cfg)
-    steps = cfg.epochs * ctx.steps_per_epoch
-    if ctx.reference is not None and len(ctx.reference) < steps:
+    modes = gossip_phases(cfg)[0]
+    steps = ctx.total_steps
+    if ctx.reference is not None and steps is not None and len(ctx.reference) < steps:
         raise ConfigError(f"consensus.target {cfg.consensus.target[:100]} has {len(ctx.reference)} steps; "
                           f"this run needs {steps}")
     controller = None
@@ -468,15 +549,14 @@ def _gossip(cfg, ctx: Context) -> Decentralized:
         p = 1 - (1 - spectral_gap(topology)) ** 2
         controller = Controller(build_target(cfg.consensus, p, ctx.reference), cfg.consensus.max_extra_rounds,
                                 cfg.consensus.on_budget)
-    shared = ctx.optimizer_rows if cfg.average_optimizer_state else []
-    return Decentralized(topology, cfg.gossip_form, modes, [round(e * ctx.steps_per_epoch) for e in boundaries],
-                         controller, shared, ctx.optimizer_rows)
+    return Decentralized(topology, cfg.gossip_form, modes, phase_starts(cfg, ctx), controller, _shared(cfg, ctx),
+                         ctx.optimizer_rows)
 
 
 @ALGORITHMS.register("diloco", options=DiLoCoOptions,
                      help="DiLoCo: H inner steps, then an outer Nesterov step on the pseudo-gradient")
 def _diloco(cfg, ctx: Context) -> DiLoCo:
-    return DiLoCo(cfg.local_steps, cfg.outer_lr, cfg.outer_momentum)
+    return DiLoCo(cfg.local_steps, OuterSGD(cfg.outer_lr, cfg.outer_momentum), ctx.buffer_rows)
 
 
 def build_schedule(cfg, ctx: Context) -> Schedule:

@@ -1,24 +1,32 @@
-"""Command line: ``gossamer train | topology | compare | demo``.
+"""Command line: ``gossamer train | topology | compare | demo | repro``.
 
 Bad input exits with status 2 and one line ``gossamer: error: ...`` (set GOSSAMER_DEBUG=1 for the
-traceback); a diverged run exits with status 1 and keeps its last good checkpoint.
+traceback); a diverged run exits with status 1 and keeps its last good checkpoint; SIGINT and
+SIGTERM stop a run after its current step with a checkpoint (exit 130 / 143).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
 
+import torch
+
+from . import __version__
+from .checkpoint import check_resumable
 from .codecs import CODECS
-from .config import KINDS, ConfigError, load_config
-from .report import RunDir, comparison_table, read_summary, reference_trajectory
+from .config import KINDS, ConfigError, from_dict, load_config
+from .report import (COMPARED, RunDir, comparison_table, load_checkpoint, read_summary, reference_trajectory,
+                     saved_config)
 from .repro import SCALES, SUITES
 from .topology import TOPOLOGIES, analyse, build_topology
-from .train import Diverged, build_run, train
+from .train import Diverged, Interrupted, build_run, train
 
 
 class _Parser(argparse.ArgumentParser):
@@ -27,7 +35,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _fail(message: str, code: int) -> int:
-    print(f"gossamer: error: {message}", file=sys.stderr)
+    line = " ".join(message.split("\n"))  # one line, whatever the message quotes
+    print(f"gossamer: error: {line}", file=sys.stderr)
     return code
 
 
@@ -40,20 +49,55 @@ def _default_out(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_training(cfg, out: Path, overwrite: bool, progress: bool = True) -> dict:
-    """Train one config into a run directory and return its summary.
+class Stopped(Exception):
+    """A signal stopped the run after a step, with a checkpoint written."""
+
+    def __init__(self, signum: int, step: int, out: Path):
+        name = signal.Signals(signum).name
+        super().__init__(f"{name}: stopped after step {step} with a checkpoint; resume with: "
+                         f"gossamer train --resume {out}")
+        self.code = 128 + signum
+
+
+@contextlib.contextmanager
+def _stop_on_signals():
+    """Within the block, SIGINT and SIGTERM only record themselves (in ``received``): the loop
+    finishes its step, checkpoints and stops. A second SIGINT interrupts at once."""
+    received: list[int] = []
+
+    def handler(signum, frame):
+        if received and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        received.append(signum)
+    try:
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread: no signal handling
+        yield received
+        return
+    try:
+        yield received
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume: bool = False) -> dict:
+    """Train one config into a run directory (or continue the run there, ``resume``) and return
+    its summary.
 
     The run is built (and so every option checked) before the directory is touched. With
     ``engine: dist`` every process trains its block of workers and only rank 0 writes."""
     if cfg.engine == "dist":
-        return _run_training_dist(cfg, out, overwrite, progress)
+        return _run_training_dist(cfg, out, overwrite, progress, resume)
     run = build_run(cfg, reference=reference_trajectory(cfg))
-    return _train_into(cfg, run, RunDir(out, overwrite), out, progress)
+    state = load_checkpoint(out) if resume else None
+    run_dir = RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None)
+    return _train_into(cfg, run, run_dir, out, progress, state)
 
 
-def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool) -> dict:
-    """Train ``run``; only the process with a ``run_dir`` (rank 0) writes, every process checkpoints
-    (the engine gathers the rows of all processes)."""
+def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, state: dict | None) -> dict:
+    """Train ``run`` (from checkpoint ``state`` if given); only the process with a ``run_dir``
+    (rank 0) writes, every process checkpoints (the engine gathers the rows of all processes)."""
     def checkpoint(state: dict) -> None:
         full = run.engine.gather_state(state)
         if run_dir:
@@ -62,11 +106,16 @@ def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool) -> 
     if run_dir:
         run_dir.write_config(cfg)
     try:
-        summary = train(cfg, run, on_row=run_dir.row if run_dir else lambda row: None,
-                        on_checkpoint=checkpoint, progress=progress)
+        with _stop_on_signals() as received:
+            flag = torch.zeros(run.engine.m, dtype=torch.bool)
+            summary = train(cfg, run, on_row=run_dir.row if run_dir else lambda row: None,
+                            on_checkpoint=checkpoint, progress=progress, resume=state,
+                            stop=lambda: run.engine.any_worker(flag.fill_(bool(received))))
     except Diverged as e:
-        kept = "; last good state kept in " + str(out / "checkpoint.pt") if (out / "checkpoint.pt").exists() else ""
+        kept = f"; last good state kept in {out / 'checkpoint.pt'}" if run_dir and (run_dir.checkpoints or state) else ""
         raise Diverged(f"{e}{kept}") from None
+    except Interrupted as e:
+        raise Stopped((received or [signal.SIGTERM])[0], e.step, out) from None
     finally:
         if run_dir:
             run_dir.close()
@@ -75,29 +124,39 @@ def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool) -> 
     return summary
 
 
-def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool) -> dict:
+def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: bool) -> dict:
     """engine: dist — this process's block of workers; options fail alike on every rank (the first
-    rank's error); rank 0 alone writes the run directory, with the full gathered checkpoint."""
+    rank's error); rank 0 alone writes the run directory, with the full gathered checkpoint. To
+    resume, every process reads the checkpoint (the run directory must be visible to all)."""
     from .engines import build_engine
-    from .engines.failures import Terminated, on_sigterm_raise
     from .train import resolve_device
 
     engine = build_engine(cfg, resolve_device(cfg.device))
     try:
-        with on_sigterm_raise():
-            run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
-            run_dir = engine.agree(lambda: RunDir(out, overwrite) if engine.rank == 0 else None)
-            return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0)
-    except Terminated:  # torchrun stops the others when one process fails: say which one
-        raise engine.lost("stopped by the launcher") from None
+        run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
+        state = engine.agree(lambda: load_checkpoint(out) if resume else None)
+        run_dir = engine.agree(lambda: RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None)
+                               if engine.rank == 0 else None)
+        return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0, state)
     finally:
         engine.close()
 
 
+def _resumed_config(args):
+    """The config of the run in ``--resume DIR``, with the changes of CONFIG and --set (only
+    those that do not change training are allowed)."""
+    if args.out or args.overwrite:
+        raise ConfigError("--resume continues the run in its own directory: drop --out and --overwrite")
+    saved = saved_config(args.resume)
+    cfg = load_config(args.config, args.set, base=saved)
+    check_resumable(from_dict(saved).to_dict(), cfg.to_dict(), args.resume)
+    return cfg
+
+
 def cmd_train(args) -> int:
-    cfg = load_config(args.config, args.set)
-    out = Path(args.out) if args.out else _default_out(f"{cfg.algorithm}-n{cfg.workers}")
-    summary = run_training(cfg, out, args.overwrite, progress=not args.quiet)
+    cfg = _resumed_config(args) if args.resume else load_config(args.config, args.set)
+    out = Path(args.resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
+    summary = run_training(cfg, out, args.overwrite, progress=not args.quiet, resume=bool(args.resume))
     if cfg.engine == "dist" and _rank() != 0:
         return 0
     shown = [k for k in summary if k.startswith("test_")] + ["final_consensus_distance_sq", "comm_rounds"]
@@ -116,7 +175,7 @@ def cmd_topology(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    print(comparison_table({str(d): read_summary(d) for d in args.runs}))
+    print(comparison_table({str(d): read_summary(d, COMPARED) for d in args.runs}))
     return 0
 
 
@@ -128,7 +187,7 @@ def cmd_demo(args) -> int:
     out = Path(args.out) if args.out else _default_out("demo")
     summaries = {}
     for name, overrides in DEMO_RUNS.items():
-        epochs = [f"epochs={args.epochs}"] if args.epochs else []
+        epochs = [f"epochs={args.epochs}"] if args.epochs is not None else []
         cfg = load_config(None, ["workers=16", *epochs, *overrides])
         print(f"training {name}: 16 workers, {cfg.model} on {cfg.dataset}, {cfg.epochs} epochs ...", flush=True)
         summaries[name] = run_training(cfg, out / name, args.overwrite)
@@ -142,6 +201,8 @@ def cmd_repro(args) -> int:
     """A paper experiment suite: every variant × seed, then results.md and a Ξ² plot."""
     from .repro import run_suite
 
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite and not args.dry_run:
         raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
@@ -170,6 +231,7 @@ def _registry_help() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gossamer", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"gossamer {__version__}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     t = sub.add_parser("train", help="train n workers from a YAML config and --set overrides",
@@ -177,7 +239,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("config", nargs="?", help="YAML config file (defaults apply to missing keys)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     t.add_argument("--out", help="run directory (default runs/ALGORITHM-nN-TIME)")
-    t.add_argument("--overwrite", action="store_true", help="replace the run files in a non-empty --out")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace the run in a non-empty --out (at the new run's first checkpoint)")
+    t.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR from its last checkpoint "
+                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -231,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)
+    except Stopped as e:
+        return _fail(str(e), e.code) if _rank() == 0 else e.code
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
 

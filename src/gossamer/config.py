@@ -14,7 +14,10 @@ and what is allowed; the CLI prints it and exits with status 2.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import importlib.util
+import math
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
 BN_EVALS = ("average", "recompute")
+LOGGERS = ("none", "csv", "tensorboard")  # besides metrics.jsonl: metrics.csv, or TensorBoard scalars
 
 
 @dataclass
@@ -75,7 +79,9 @@ class Config:
     bn_eval: str | None = None
     seed: int = 0
     eval_every: int = 1  # epochs
+    checkpoint_every: float = 1.0  # epochs (fractions allowed); and always at the last step
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
+    logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -101,6 +107,9 @@ class Config:
         _choice(self, "dtype", DTYPES)
         if self.bn_eval is not None:
             _choice(self, "bn_eval", BN_EVALS)
+        _choice(self, "logger", LOGGERS)
+        if self.logger == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("logger tensorboard needs the tensorboard package: pip install 'gossamer[tensorboard]'")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         for name in ("weight_decay", "warmup_epochs"):
@@ -110,6 +119,8 @@ class Config:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
         if any(not 0 < m < self.epochs for m in self.milestones) or self.milestones != sorted(self.milestones):
             raise ConfigError(f"milestones must be increasing epochs in (0, epochs={self.epochs}), got {self.milestones}")
+        if not self.checkpoint_every > 0:
+            raise ConfigError(f"checkpoint_every must be > 0 epochs, got {self.checkpoint_every}")
         if not self.dirichlet_alpha > 0:
             raise ConfigError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
         for opts in self.options.values():
@@ -142,28 +153,34 @@ def _positive_int(cfg: Config, *names: str) -> None:
 
 def _choice(cfg: Config, name: str, allowed: tuple[str, ...]) -> None:
     if getattr(cfg, name) not in allowed:
-        raise ConfigError(f"unknown {name} '{getattr(cfg, name)}'; choose one of: {', '.join(allowed)}")
+        raise ConfigError(f"unknown {name} '{_short(getattr(cfg, name))}'; choose one of: {', '.join(allowed)}")
 
 
 def _coerce(name: str, value: Any, annotation: str) -> Any:
     """Check a value against the field's type (from its annotation string) and convert ints to floats."""
     if annotation == "list[str]":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{name} must be a list of names, got {value!r}")
+            raise ConfigError(f"{name} must be a list of names, got {_short(value)}")
+        return value
+    if annotation == "list[int]":
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise ConfigError(f"{name} must be a list of integers, got {_short(value)}")
         return value
     if "list" in annotation:
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{name} must be a list of numbers, got {value!r}")
+            raise ConfigError(f"{name} must be a list of numbers, got {_short(value)}")
+        if not all(math.isfinite(v) for v in value):
+            raise ConfigError(f"{name} must be a list of finite numbers, got {_short(value)}")
         return [float(v) for v in value]
     if value is None and "None" in annotation:
         return None
     if annotation.startswith("bool"):
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {value!r}")
+            raise ConfigError(f"{name} must be true or false, got {_short(value)}")
         return value
     if annotation.startswith("int"):
         if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"{name} must be an integer, got {value!r}")
+            raise ConfigError(f"{name} must be an integer, got {_short(value)}")
         return value
     if annotation.startswith("float"):
         if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
@@ -172,10 +189,12 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
             except ValueError:
                 pass
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{name} must be a number, got {value!r}")
+            raise ConfigError(f"{name} must be a number, got {_short(value)}")
+        if not math.isfinite(value):
+            raise ConfigError(f"{name} must be a finite number, got {value}")
         return float(value)
     if not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {value!r}")
+        raise ConfigError(f"{name} must be a string, got {_short(value)}")
     return value
 
 
@@ -188,11 +207,11 @@ def _section(f: dataclasses.Field) -> type | None:
 def _build(cls, values: Any, prefix: str = ""):
     """A dataclass from a mapping, checking keys and types; sections are nested dataclasses."""
     if not isinstance(values, dict):
-        raise ConfigError(f"{prefix.rstrip('.')} must be a section of keys, got {values!r}")
+        raise ConfigError(f"{prefix.rstrip('.')} must be a section of keys, got {_short(values)}")
     fields = {f.name: f for f in _fields(cls)}
-    unknown = sorted(set(values) - set(fields))
+    unknown = sorted((str(k) for k in set(values) - set(fields)))
     if unknown:
-        raise ConfigError(f"unknown config key '{prefix}{unknown[0]}'; known keys: "
+        raise ConfigError(f"unknown config key '{prefix}{_short(str(unknown[0]))}'; known keys: "
                           f"{', '.join(prefix + f for f in fields)}")
     kwargs = {}
     for key, value in values.items():
@@ -235,14 +254,76 @@ def _not_applicable(key: str, chosen: dict, general: dict) -> ConfigError:
     return ConfigError(f"unknown config key '{key[:100]}'; known keys: {', '.join(known)}")
 
 
+MAX_YAML_NODES = 100_000  # after expanding aliases: a few hundred bytes of anchors can stand for billions
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing documents whose aliases expand past :data:`MAX_YAML_NODES`."""
+
+    def compose_document(self):
+        node = super().compose_document()
+        sizes: dict[int, int] = {}
+
+        def size(n) -> int:  # nodes after expansion; shared (aliased) nodes counted once per use
+            if id(n) not in sizes:
+                sizes[id(n)] = 0  # a recursive alias counts once
+                children = n.value if isinstance(n, yaml.SequenceNode) else \
+                    [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else []
+                sizes[id(n)] = min(1 + sum(size(c) for c in children), MAX_YAML_NODES + 1)
+            return sizes[id(n)]
+        if node is not None and size(node) > MAX_YAML_NODES:
+            raise ConfigError(f"YAML aliases expand to more than {MAX_YAML_NODES} values; write the values out")
+        return node
+
+
+def parse_yaml(text: str, what: str) -> Any:
+    """``text`` as YAML (safe, aliases bounded); errors name ``what``."""
+    try:
+        return yaml.load(text, Loader=_BoundedLoader)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{what} is not valid YAML: {str(e).splitlines()[0][:100]}") from None
+    except RecursionError:
+        raise ConfigError(f"{what} nests too deeply") from None
+
+
+def read_yaml(path: str | Path, what: str = "config file") -> Any:
+    """The YAML document in a file; a missing, unreadable, binary or non-UTF-8 file is one line."""
+    path = Path(path)
+    shown = f"{what} '{_short(path)}'"
+    if path.is_dir():
+        raise ConfigError(f"{shown} is a directory, not a YAML file")
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{shown} does not exist") from None
+    except OSError as e:
+        raise ConfigError(f"{shown} cannot be read ({e.strerror or e})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown} is not UTF-8 text") from None
+    if "\x00" in text:
+        raise ConfigError(f"{shown} is binary, not YAML text")
+    return parse_yaml(text, shown)
+
+
+def _short(value: Any) -> str:
+    """At most ~100 characters of a value, for error lines."""
+    text = value if isinstance(value, str) else repr(value) if not isinstance(value, Path) else str(value)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:200])  # '\n' shown, not broken
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
 def parse_override(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as YAML (so ``lr=0.1`` is a float, ``milestones=[10,20]`` a list)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set expects KEY=VALUE, got '{text[:100]}'")
+        raise ConfigError(f"--set expects KEY=VALUE, got '{_short(text)}'")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
+        value = parse_yaml(raw, f"--set {_short(key)}") if raw.strip() else ""
+    except ConfigError as e:
+        if "aliases" in str(e):
+            raise
         value = raw
     return key.strip(), value
 
@@ -261,25 +342,19 @@ def set_dotted(values: dict[str, Any], key: str, value: Any) -> None:
 def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """The keys of a YAML config file. A file may name a ``base`` config file (a path relative to
     itself) whose keys it extends and overrides, sections key by key."""
-    path = Path(path)
-    try:
-        loaded = yaml.safe_load(path.read_text())
-    except (FileNotFoundError, IsADirectoryError):
-        raise ConfigError(f"config file '{path}' does not exist") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"config file '{path}' is not valid YAML: {str(e).splitlines()[0]}") from None
+    loaded = read_yaml(path)
     if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"config file '{path}' must hold a mapping of keys to values")
+        raise ConfigError(f"config file '{_short(path)}' must hold a mapping of keys to values")
     values = loaded or {}
-    base = values.pop("base", None)
-    if base is None:
+    parent = values.pop("base", None)
+    if parent is None:
         return values
-    if not isinstance(base, str):
-        raise ConfigError(f"base in '{path}' must be the path of a config file, got {base!r}")
-    base_path = path.parent / base
-    if base_path.resolve() in _seen:
-        raise ConfigError(f"config file '{path}' names base '{base}', which leads back to itself")
-    merged = read_config_file(base_path, (*_seen, path.resolve()))
+    if not isinstance(parent, str):
+        raise ConfigError(f"base in '{_short(path)}' must be the path of a config file, got {_short(parent)}")
+    parent_path = Path(path).parent / parent
+    if parent_path.resolve() in _seen:
+        raise ConfigError(f"config file '{_short(path)}' names base '{_short(parent)}', which leads back to itself")
+    merged = read_config_file(parent_path, (*_seen, Path(path).resolve()))
     _merge(merged, values)
     return merged
 
@@ -292,9 +367,13 @@ def _merge(into: dict[str, Any], values: dict[str, Any]) -> None:
             into[key] = value
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults, then the YAML file (if any, with its ``base`` files), then each ``KEY=VALUE`` override in order."""
-    values = read_config_file(path) if path is not None else {}
+def load_config(path: str | Path | None = None, overrides: list[str] = (),
+                base: dict[str, Any] | None = None) -> Config:
+    """Defaults, then ``base`` (e.g. a saved run's config), then the YAML file (if any, with the
+    files it names as its ``base``), then each ``KEY=VALUE`` override in order."""
+    values: dict[str, Any] = copy.deepcopy(base or {})
+    if path is not None:
+        values.update(read_config_file(path))
     for text in overrides:
         set_dotted(values, *parse_override(text))
     return from_dict(values)

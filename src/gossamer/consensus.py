@@ -92,7 +92,13 @@ def build_target(c: ConsensusConfig, p: float, reference: list[float] | None = N
         raise ConfigError(f"consensus.target {c.target[:100]} needs the reference run's Ξ² by step "
                           f"(gossamer.report.reference_trajectory)")
     trajectory = ema([math.sqrt(max(v, 0.0)) for v in reference], c.ema)
-    return lambda step: c.factor * trajectory[step.t]
+
+    def target(step: Step) -> float:
+        if step.t >= len(trajectory):  # an open-ended run (the library API) went past the reference
+            raise ConfigError(f"consensus.target {c.target[:100]} has {len(trajectory)} steps; "
+                              f"step {step.t + 1} is past its end")
+        return c.factor * trajectory[step.t]
+    return target
 
 
 @dataclass

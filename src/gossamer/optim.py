@@ -138,5 +138,6 @@ def decay_vector(slots, no_decay: list[bool], weight_decay: float, like: torch.T
     """λ per coordinate of a row: 0 for parameters flagged no-decay; None when λ = 0."""
     if weight_decay == 0:
         return None
-    parts = [torch.full((s.numel,), 0.0 if skip else weight_decay) for s, skip in zip(slots, no_decay)]
-    return torch.cat(parts).to(like)
+    parts = [torch.full((s.numel,), 0.0 if skip else weight_decay, dtype=like.dtype, device=like.device)
+             for s, skip in zip(slots, no_decay)]  # in the run's dtype: λ = 1e-3 stays 1e-3 in float64
+    return torch.cat(parts)

@@ -89,10 +89,11 @@ class Mixing:
     @cached_property
     def messages_per_worker(self) -> float:
         """Mean over workers j of #{i != j : W[i, j] != 0} (the workers j sends to)."""
-        w = self.dense()
-        nz = w != 0
-        np.fill_diagonal(nz, False)
-        return float(nz.sum(axis=0).mean()) if self.n else 0.0
+        n = self.n
+        rows = np.broadcast_to(np.arange(n), self.index.shape)
+        used = (self.weight != 0) & (self.index != rows)
+        pairs = np.unique(rows[used].astype(np.int64) * n + self.index[used])
+        return len(pairs) / n if n else 0.0
 
     @cached_property
     def p(self) -> float:
@@ -100,9 +101,34 @@ class Mixing:
 
         For a static symmetric W this is the paper's p = 1 − λ²; for one round of a time-varying
         graph it can be 0 (one-peer exponential at hops ≥ 2 leaves some modes unmixed)."""
+        return float(min(1.0, max(0.0, 1.0 - _norm_minus_mean((self,)) ** 2)))
+
+    @cached_property
+    def shifts(self) -> list[int] | None:
+        """s_k per slot when every slot is a cyclic shift, index[k, i] = (i + s_k) mod n (ring,
+        exponential graphs), else None."""
         n = self.n
-        sigma = float(np.linalg.norm(self.dense() - np.full((n, n), 1.0 / n), 2)) if n > 1 else 0.0
-        return float(min(1.0, max(0.0, 1.0 - sigma**2)))
+        s = self.index[:, 0] % max(n, 1)
+        if n and not (self.index == (np.arange(n)[None, :] + s[:, None]) % n).all():
+            return None
+        return [int(x) for x in s]
+
+    @cached_property
+    def spectrum(self) -> np.ndarray | None:
+        """The eigenvalues λ_m = Σ_k w_k exp(2πi·m·s_k/n), m = 0..n−1, of a circulant W (every slot
+        a cyclic shift s_k with one weight w_k for all workers); None for other graphs."""
+        if self.shifts is None or not (self.weight == self.weight[:, :1]).all():
+            return None
+        m = np.arange(self.n)
+        return sum(w * np.exp(2j * np.pi * m * s / self.n) for w, s in zip(self.weight[:, 0], self.shifts))
+
+    def sparse(self):
+        """W as a scipy CSR matrix (duplicate slots add up)."""
+        from scipy.sparse import csr_matrix
+
+        K, n = self.index.shape
+        rows = np.broadcast_to(np.arange(n), (K, n))
+        return csr_matrix((self.weight.ravel(), (rows.ravel(), self.index.ravel())), shape=(n, n))
 
     def plan(self, key: Any, build: Callable[[], Any]) -> Any:
         """An engine's precomputed plan for this matrix (tensors on its device, send and receive
@@ -299,32 +325,40 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     """
     name = "edges"
     if not os.path.isfile(path):
-        raise TopologyError(f"topology '{name}': edge file '{path}' not found")
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' not found")
     g = nx.Graph()
     g.add_nodes_from(range(n))
-    with open(path, encoding="utf-8") as fh:
-        for lineno, raw in enumerate(fh, start=1):
-            line = raw.split("#", 1)[0].strip()
-            if not line:
-                continue
-            parts = line.split()
-            try:
-                if len(parts) != 2:
-                    raise ValueError
-                i, j = int(parts[0]), int(parts[1])
-            except ValueError:
+    try:
+        with open(path, "rb") as fh:
+            text = fh.read().decode("utf-8")
+    except UnicodeDecodeError:
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' is not UTF-8 text") from None
+    except OSError as e:
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' cannot be read ({e.strerror})") from None
+    if "\x00" in text:
+        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' is binary, not an edge list")
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise ValueError
+            i, j = int(parts[0]), int(parts[1])
+        except ValueError:
+            raise TopologyError(
+                f"topology '{name}': {_short(path)} line {lineno}: expected two integers 'i j', "
+                f"got '{_short(raw.strip())}'"
+            ) from None
+        for v in (i, j):
+            if not 0 <= v < n:
                 raise TopologyError(
-                    f"topology '{name}': {path} line {lineno}: expected two integers 'i j', "
-                    f"got '{raw.strip()}'"
-                ) from None
-            for v in (i, j):
-                if not 0 <= v < n:
-                    raise TopologyError(
-                        f"topology '{name}': {path} line {lineno}: node {v} out of range "
-                        f"0..{n - 1}"
-                    )
-            if i != j:
-                g.add_edge(i, j)
+                    f"topology '{name}': {_short(path)} line {lineno}: node {v} out of range "
+                    f"0..{n - 1}"
+                )
+        if i != j:
+            g.add_edge(i, j)
     if not nx.is_connected(g):
         k = nx.number_connected_components(g)
         raise TopologyError(
@@ -332,6 +366,11 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
             f"({k} components)"
         )
     return _metropolis_hastings(g, n)
+
+
+def _short(text: str) -> str:
+    """At most ~100 characters of a value, for error lines."""
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
@@ -343,14 +382,16 @@ def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
         raise TopologyError(f"topology '{name}' takes an integer {what}, got '{arg}'") from None
 
 
-def _check_doubly_stochastic(w: np.ndarray, name: str, t: int = 0) -> None:
-    """Raise TopologyError unless W >= 0 and all row and column sums are 1 (tol 1e-12)."""
+def _check_doubly_stochastic(m: Mixing, name: str, t: int = 0) -> None:
+    """Raise TopologyError unless W >= 0 and all row and column sums are 1 (tol 1e-12), from the
+    slot form (no n×n matrix)."""
+    w = m.weight
     if not np.all(np.isfinite(w)):
         raise TopologyError(f"topology '{name}': W_{t} has non-finite entries")
     if (w < -_TOL).any():
         raise TopologyError(f"topology '{name}': W_{t} has negative entries (min {w.min():g})")
-    rows = np.abs(w.sum(axis=1) - 1).max(initial=0.0)
-    cols = np.abs(w.sum(axis=0) - 1).max(initial=0.0)
+    rows = np.abs(w.sum(axis=0) - 1).max(initial=0.0)
+    cols = np.abs(np.bincount(m.index.ravel(), weights=w.ravel(), minlength=m.n) - 1).max(initial=0.0)
     if rows > _TOL or cols > _TOL:
         raise TopologyError(
             f"topology '{name}': W_{t} is not doubly stochastic "
@@ -371,23 +412,51 @@ def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
     for t, m in enumerate(mixings):
         if m.n != n:
             raise TopologyError(f"topology '{spec}': W_{t} has {m.n} workers, expected {n}")
-        _check_doubly_stochastic(m.dense(), spec, t)
+        _check_doubly_stochastic(m, spec, t)
     return Topology(name=spec, n=n, mixings=mixings)
 
 
 # --------------------------------------------------------------------------- analysis
 
 
+DENSE_MAX = 2048  # above this many workers, spectra of graphs that are not circulant are iterative
+
+
+def _norm_minus_mean(mixings: tuple[Mixing, ...]) -> float:
+    """‖W_{P−1} ⋯ W_0 − J‖₂ (J = 11ᵀ/n): in closed form for circulant matrices (they share the
+    Fourier basis, so the product's eigenvalues are the products of theirs, and a normal matrix's
+    norm is its largest |eigenvalue| off the mean mode); densely for small n; else by a sparse
+    singular-value iteration."""
+    n = mixings[0].n
+    if n == 1:
+        return 0.0
+    spectra = [m.spectrum for m in mixings]
+    if all(s is not None for s in spectra):
+        sigma = float(np.abs(np.prod(spectra, axis=0)[1:]).max())
+        return sigma if sigma > _TOL else 0.0  # below float64 noise: an exact average
+    if n <= DENSE_MAX:
+        prod = np.eye(n)
+        for m in mixings:
+            prod = m.dense() @ prod
+        return float(np.linalg.norm(prod - np.full((n, n), 1.0 / n), 2))
+    from scipy.sparse.linalg import LinearOperator, svds
+
+    sparse = [m.sparse() for m in mixings]
+
+    def apply(x, transpose=False):
+        x = np.asarray(x, dtype=np.float64).reshape(n, -1)
+        for w in (reversed(sparse) if transpose else sparse):
+            x = (w.T if transpose else w) @ x
+        return x - x.mean(0, keepdims=True)
+    op = LinearOperator((n, n), matvec=apply, rmatvec=lambda x: apply(x, True), dtype=np.float64)
+    return float(svds(op, k=1, return_singular_vectors=False, random_state=0)[0])
+
+
 def spectral_gap(topology: Topology) -> float:
     """rho = 1 - ||W_{P-1} ... W_0 - J||_2^(1/P), J = 11^T/n, clipped to [0, 1]."""
-    n = topology.n
-    if n == 1:
+    if topology.n == 1:
         return 1.0
-    prod = np.eye(n)
-    for m in topology.mixings:
-        prod = m.dense() @ prod
-    sigma = float(np.linalg.norm(prod - np.full((n, n), 1.0 / n), 2))
-    rho = 1.0 - sigma ** (1.0 / topology.period)
+    rho = 1.0 - _norm_minus_mean(topology.mixings) ** (1.0 / topology.period)
     return float(min(1.0, max(0.0, rho)))
 
 

@@ -10,6 +10,7 @@ and at every evaluation; between them the step takes no host synchronisation of 
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, replace
 from typing import Callable
@@ -19,6 +20,7 @@ from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
 
 from .algorithms import Context, Schedule, Step, build_schedule
+from .checkpoint import capture, restore
 from .config import Config, ConfigError
 from .consensus import ema_factor
 from .data import Dataset, load_dataset
@@ -32,6 +34,14 @@ from .workers import WorkerMatrix
 
 class Diverged(RuntimeError):
     """The loss or the parameters became NaN/inf; the last good state was already checkpointed."""
+
+
+class Interrupted(Exception):
+    """Training stopped on request (a signal) after ``step`` steps, with a checkpoint written."""
+
+    def __init__(self, step: int):
+        super().__init__(f"stopped after step {step}")
+        self.step = step
 
 
 def lr_at(cfg: Config, step: int, steps_per_epoch: int) -> float:
@@ -103,14 +113,31 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, data).to(dtype)
     cfg.bn_eval = resolve_bn_eval(cfg, model)
+    _check_memory(engine.m, sum(p.numel() for p in model.parameters()), dtype, device)
     workers = WorkerMatrix(model, engine.m, device, backend=cfg.grad_backend, loss=task.loss)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
     decay = decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X)
     optimizer = OPTIMIZERS[cfg.optimizer].build(cfg, workers.X, decay)
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
-                      reference)
+                      reference, total_steps=cfg.epochs * steps)
     schedule = build_schedule(cfg, context)
     return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards)
+
+
+def _check_memory(m: int, d: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, before allocating, a worker matrix that cannot fit: m rows of d values for X, G, a
+    scratch copy and at least two rows of optimizer or schedule state."""
+    need = 5 * m * d * torch.empty(0, dtype=dtype).element_size()
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    else:
+        return
+    if need > free:
+        raise ConfigError(f"workers: {m} workers of a {d:,}-parameter model need at least {need / 2**30:.1f} GiB "
+                          f"(5 copies of the [{m}, {d}] worker matrix), more than the {free / 2**30:.1f} GiB free "
+                          f"on {device.type}; use fewer workers (or engine=dist across machines)")
 
 
 def epoch_indices(run: Run, epoch: int) -> torch.Tensor:
@@ -169,7 +196,7 @@ def evaluate(run: Run, t: int) -> dict[str, float]:
     metrics = run.task.evaluate(averaged_model(run, t), d.x_test, d.y_test)
     local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in range(w.m)]
     for key in list(metrics):
-        metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local]))
+        metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local], dtype=torch.float64))
     return metrics
 
 
@@ -197,50 +224,60 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
                        f"lr {lr:g})")
     return {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr, "loss": loss,
             "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
+            "bytes_per_worker": e.comm.bytes_per_worker,
             "grad_norm_sq": phi_sq, "grad_norm_sq_ema": progress.grad_norm_sq_ema, **metrics}
 
 
-def checkpoint_state(run: Run, progress: Progress, step: int) -> dict:
-    """The run's state after ``step`` steps: tensors with a row per local worker under ``rows``."""
-    return {"step": step, "rows": {"X": run.workers.X, "B": run.workers.B},
-            "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
-            "comm": run.engine.comm.state_dict(), "progress": progress.state_dict()}
-
-
 def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = lambda row: None,
-          on_checkpoint: Callable[[dict], None] = lambda state: None, progress: bool = False) -> dict:
+          on_checkpoint: Callable[[dict], None] = lambda state: None, progress: bool = False,
+          resume: dict | None = None, stop: Callable[[], bool] = lambda: False) -> dict:
     """Train (a prebuilt ``run`` of ``cfg``, or one built here) and return the summary.
 
+    ``resume``: a checkpoint (:func:`gossamer.checkpoint.capture`) to continue from; the rows
+    and the summary are then those of an uninterrupted run. A step's row reaches ``on_row``
+    before a checkpoint of that step reaches ``on_checkpoint``. Checkpoints are taken every
+    ``checkpoint_every`` epochs, at the last step, and when ``stop()`` (asked after every step,
+    the same answer on every process) says so: then :class:`Interrupted` is raised.
     Raises :class:`Diverged` on NaN/inf, after the last good checkpoint was written."""
     start = time.perf_counter()
     run = run or build_run(cfg)
     w, e = run.workers, run.engine
-    S = run.steps_per_epoch
-    bar = tqdm(total=cfg.epochs * S, disable=None if progress else True, desc=f"{cfg.algorithm} n={cfg.workers}",
-               leave=False)
+    S, total = run.steps_per_epoch, cfg.epochs * run.steps_per_epoch
+    every = max(1, round(cfg.checkpoint_every * S))
     state = Progress()
-    row: dict = {}
     run.schedule.start(e, w.X)
-    for epoch in range(cfg.epochs):
-        idx = epoch_indices(run, epoch)
-        for s in range(S):
-            t = epoch * S + s
-            evaluating = s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs)
-            measure = evaluating or (t + 1) % cfg.metrics_every == 0
-            x, y = run.data.train_batch(idx[s], e.rows, seed=_batch_seed(cfg.seed, t))
-            metrics = train_step(run, state, x, y, t, lr_at(cfg, t, S), measure)
-            if measure:
-                row = metrics
-            if evaluating:
-                _check_finite(w, e, t)
-                row.update(evaluate(run, t))
-                row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
-                on_checkpoint(checkpoint_state(run, state, t + 1))
-                bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
-                                xi2=f"{row['consensus_distance_sq']:.2e}")
-            if measure:
-                on_row(row)
-            bar.update()
+    first = restore(run, state, resume) if resume is not None else 0
+    if first >= total:
+        raise ConfigError(f"the run is finished ({first} of {total} steps); to train longer, resume with a "
+                          f"larger epochs")
+    bar = tqdm(total=total, initial=first, disable=None if progress else True,
+               desc=f"{cfg.algorithm} n={cfg.workers}", leave=False)
+    row: dict = {}
+    for t in range(first, total):
+        epoch, s = divmod(t, S)
+        if s == 0 or t == first:
+            idx = epoch_indices(run, epoch)
+        evaluating = s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs)
+        measure = evaluating or (t + 1) % cfg.metrics_every == 0
+        x, y = run.data.train_batch(idx[s], e.rows, seed=_batch_seed(cfg.seed, t))
+        metrics = train_step(run, state, x, y, t, lr_at(cfg, t, S), measure)
+        if measure:
+            row = metrics
+        if evaluating:
+            row.update(evaluate(run, t))
+            row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
+            bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
+                            xi2=f"{row['consensus_distance_sq']:.2e}")
+        if measure:
+            on_row(row)
+        stopping = stop()
+        if stopping or (t + 1) % every == 0 or t + 1 == total:
+            _check_finite(w, e, t)
+            on_checkpoint(capture(run, state, t + 1))
+        bar.update()
+        if stopping:
+            bar.close()
+            raise Interrupted(t + 1)
     bar.close()
     final = {k: v for k, v in row.items() if k.startswith("test_")}
     return {
@@ -263,6 +300,5 @@ def _batch_seed(seed: int, t: int) -> int:
 
 def _check_finite(w: WorkerMatrix, e: Engine, t: int) -> None:
     """All processes agree: any worker's NaN/inf stops every process."""
-    bad = ~(torch.isfinite(w.X).all(1) & torch.isfinite(w.B).all(1))
-    if e.mean_scalar(bad.to(w.X.dtype)) > 0:
+    if e.any_worker(~(torch.isfinite(w.X).all(1) & torch.isfinite(w.B).all(1))):
         raise Diverged(f"training diverged: parameters are NaN/inf after step {t + 1}")

@@ -64,7 +64,8 @@ class Slot:
         return self.shape.numel()
 
 
-def _layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[Slot], int]:
+def layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[Slot], int]:
+    """The slots of named tensors laid end to end in one row, and the row's length."""
     slots, offset = [], 0
     for name, t in named:
         slots.append(Slot(name, t.shape, offset))
@@ -72,7 +73,8 @@ def _layout(named: list[tuple[str, torch.Tensor]]) -> tuple[list[Slot], int]:
     return slots, offset
 
 
-def _float_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+def float_buffers(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The floating-point buffers (BatchNorm running statistics): the ones a row B holds."""
     return [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
 
 
@@ -85,10 +87,21 @@ def _set_tensor(model: nn.Module, name: str, value: torch.Tensor, parameter: boo
         owner._buffers[attr] = value
 
 
+def bind_row(model: nn.Module, slots: list[Slot], row: torch.Tensor, parameter: bool = True,
+             grads: torch.Tensor | None = None) -> None:
+    """Make the model's tensors named by ``slots`` views into the flat ``row`` (parameters, or
+    buffers when not ``parameter``), and the parameters' ``.grad`` views into ``grads``: an
+    in-place update of the row is the model's, with no copies."""
+    for s in slots:
+        _set_tensor(model, s.name, row[s.offset : s.offset + s.numel].view(s.shape), parameter)
+        if grads is not None:
+            model.get_parameter(s.name).grad = grads[s.offset : s.offset + s.numel].view(s.shape)
+
+
 def flatten(model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """A model's parameters and floating buffers as two flat vectors (the row layout)."""
     params = [p.detach().reshape(-1) for p in model.parameters()]
-    buffers = [b.detach().reshape(-1) for _, b in _float_buffers(model)]
+    buffers = [b.detach().reshape(-1) for _, b in float_buffers(model)]
     empty = torch.zeros(0)
     return (torch.cat(params) if params else empty), (torch.cat(buffers) if buffers else empty)
 
@@ -104,8 +117,8 @@ class WorkerMatrix:
                  loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = cross_entropy):
         self.template = template.to(device)
         self.loss = loss
-        self.param_slots, self.d = _layout(list(template.named_parameters()))
-        self.buffer_slots, self.d_buffers = _layout(_float_buffers(template))
+        self.param_slots, self.d = layout(list(template.named_parameters()))
+        self.buffer_slots, self.d_buffers = layout(float_buffers(template))
         x0, b0 = flatten(self.template)
         self.X = x0.to(device).repeat(m, 1)
         self.G = torch.zeros_like(self.X)
@@ -120,12 +133,8 @@ class WorkerMatrix:
         return self.X.shape[0]
 
     def _bind(self, model: nn.Module, i: int) -> nn.Module:
-        for s in self.param_slots:
-            view = self.X[i, s.offset : s.offset + s.numel].view(s.shape)
-            _set_tensor(model, s.name, view, parameter=True)
-            model.get_parameter(s.name).grad = self.G[i, s.offset : s.offset + s.numel].view(s.shape)
-        for s in self.buffer_slots:
-            _set_tensor(model, s.name, self.B[i, s.offset : s.offset + s.numel].view(s.shape), parameter=False)
+        bind_row(model, self.param_slots, self.X[i], grads=self.G[i])
+        bind_row(model, self.buffer_slots, self.B[i], parameter=False)
         return model
 
     def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -179,14 +188,24 @@ class WorkerMatrix:
             losses.sum().backward()  # the losses are independent: d(sum)/dx_i = d(loss_i)/dx_i
         return losses.detach()
 
+    def integer_buffers(self) -> torch.Tensor:
+        """Every worker's integer buffers (e.g. BatchNorm's num_batches_tracked) as rows [m, k]."""
+        rows = [[b.reshape(-1) for n, b in model.named_buffers() if not b.is_floating_point()]
+                for model in self.replicas]
+        return torch.stack([torch.cat(r) if r else torch.zeros(0, dtype=torch.long) for r in rows]).to(self.X.device)
+
+    def load_integer_buffers(self, rows: torch.Tensor) -> None:
+        for model, row in zip(self.replicas, rows):
+            offset = 0
+            for _, b in ((n, b) for n, b in model.named_buffers() if not b.is_floating_point()):
+                b.copy_(row[offset : offset + b.numel()].view_as(b))
+                offset += b.numel()
+
     def model_at(self, params: torch.Tensor, buffers: torch.Tensor) -> nn.Module:
         """The template in eval mode with the given flat parameters [d] and buffers [d_b] (e.g. x̄)."""
-        model = self.template
-        for s in self.param_slots:
-            _set_tensor(model, s.name, params[s.offset : s.offset + s.numel].view(s.shape), parameter=True)
-        for s in self.buffer_slots:
-            _set_tensor(model, s.name, buffers[s.offset : s.offset + s.numel].view(s.shape), parameter=False)
-        return model.eval()
+        bind_row(self.template, self.param_slots, params)
+        bind_row(self.template, self.buffer_slots, buffers, parameter=False)
+        return self.template.eval()
 
 
 def choose_backend(model: nn.Module, m: int, backend: str = "auto", device: torch.device | None = None) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,8 +18,11 @@ import torch
 
 from ..registry import ConfigError
 from .base import DATASETS, Dataset, default_cache_dir
+from .partition import steps_per_epoch
 
 MNIST1D_SEED = 42
+TRAIN_SPLIT = 0.8  # the generator's train/test split
+MIN_SAMPLES = 10
 
 
 @dataclass
@@ -26,8 +30,10 @@ class MNIST1DOptions:
     num_samples: int = 5000  # generated samples, split 80/20 (5000 → the standard 4000/1000)
 
     def validate(self, cfg) -> None:
-        if self.num_samples < 1:
-            raise ConfigError(f"num_samples must be a positive integer, got {self.num_samples}")
+        if self.num_samples < MIN_SAMPLES:
+            raise ConfigError(f"num_samples must be at least {MIN_SAMPLES} (the generator draws every class), "
+                              f"got {self.num_samples}")
+        steps_per_epoch(int(self.num_samples * TRAIN_SPLIT), cfg.workers, cfg.batch_size)  # before generating
 
 
 def _generate(num_samples: int, seed: int) -> dict[str, np.ndarray]:
@@ -58,14 +64,28 @@ def _save_atomic(path: Path, arrays: dict[str, np.ndarray]) -> None:
         raise
 
 
+def _read_cache(path: Path) -> dict[str, np.ndarray] | None:
+    """The cached arrays; None when there is no usable cache (a damaged one is removed, so that
+    it is generated again instead of failing every later run)."""
+    if not path.exists():
+        return None
+    try:
+        with np.load(path) as f:
+            arrays = {k: f[k] for k in f.files}
+        if {"x_train", "y_train", "x_test", "y_test"} <= arrays.keys():
+            return arrays
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # truncated, or not an npz
+        pass
+    path.unlink(missing_ok=True)
+    return None
+
+
 def load_mnist1d(num_samples: int = 5000, seed: int = 42, cache_dir: str | Path | None = None) -> Dataset:
     """Load MNIST-1D (train_split 0.8; 5000 samples -> 4000/1000), generating and caching on first use."""
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     path = cache / f"mnist1d_n{num_samples}_s{seed}.npz"
-    if path.exists():
-        with np.load(path) as f:
-            arrays = {k: f[k] for k in f.files}
-    else:
+    arrays = _read_cache(path)
+    if arrays is None:
         arrays = _generate(num_samples, seed)
         _save_atomic(path, arrays)
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..registry import ConfigError
+
 _MIX = 1_000_003
 _MAX_DRAWS = 100
 
@@ -25,7 +27,7 @@ def steps_per_epoch(num_train: int, n: int, batch_size: int) -> int:
     """Steps every worker takes per epoch: (num_train // n) // batch_size, which must be >= 1."""
     steps = (num_train // n) // batch_size
     if steps == 0:
-        raise ValueError(
+        raise ConfigError(
             f"batch_size={batch_size} is larger than each worker's share of the data "
             f"({num_train} samples / {n} workers = {num_train // n}); reduce batch_size or workers"
         )

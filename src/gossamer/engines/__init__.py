@@ -30,6 +30,9 @@ class DistOptions:
             raise ConfigError(f"unknown dist_backend '{self.dist_backend}'; choose one of: {', '.join(DIST_BACKENDS)}")
         if not (self.dist_timeout > 0 and math.isfinite(self.dist_timeout)):
             raise ConfigError(f"dist_timeout must be a finite number of seconds > 0, got {self.dist_timeout}")
+        if self.dist_backend == "nccl" and cfg.device == "cpu":
+            raise ConfigError("dist_backend nccl needs device cuda (or auto on a GPU machine); on the CPU use "
+                              "dist_backend gloo or auto")
 
 
 @ENGINES.register("sim", help="all n workers in this process (the simulator)")

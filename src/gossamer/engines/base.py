@@ -10,7 +10,8 @@ implements only the primitives, each the minimum a real network must do:
 - ``_all_gather(payload, size)``: every member's byte message of each group that holds rows here;
 - ``_row_mean(X)``: x̄ = (1/n) Σ_i x_i over all workers (X unchanged);
 - ``_gather_scalars(values)``: one value per worker, all n of them in worker order;
-- ``gather_rows(T)``: the full [n, ...] tensor of a local [m, ...] one, where the run is written.
+- ``gather_rows(T)``: the full [n, ...] tensor of a local [m, ...] one, where the run is written;
+- ``_any(flag)``: whether any process's flag is set (to stop or checkpoint together).
 
 This base turns them into the operators that schedules call, counts each in ``comm`` (the
 algorithm's traffic by level, measurement traffic apart), and computes Ξ² and the other metrics
@@ -122,7 +123,12 @@ class Engine:
         per_coordinate = self.mean_row((X - self.mean_row(X)).square())
         return {s.name: per_coordinate[s.offset : s.offset + s.numel].sum().item() for s in slots}
 
-    # ------------------------------------------------------------------ checkpoints
+    # ------------------------------------------------------------------ bookkeeping (not counted)
+
+    def any_worker(self, flags: torch.Tensor) -> bool:
+        """Whether any worker of any process raised its flag (local bools [m]): every process
+        gets the same answer, so all stop, or checkpoint, at the same step."""
+        return bool(self._any(flags.any().reshape(1)))
 
     def gather_state(self, state):
         """A state with every tensor under a ``rows`` key (one row per local worker) gathered to
@@ -154,6 +160,9 @@ class Engine:
         raise NotImplementedError
 
     def gather_rows(self, T: torch.Tensor) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def _any(self, flag: torch.Tensor) -> bool:
         raise NotImplementedError
 
     def _scratch_like(self, X: torch.Tensor) -> torch.Tensor:

@@ -44,8 +44,9 @@ class WireStats:
     bytes: int = 0
 
 
-def env_world_size() -> int:
-    return dist.get_world_size() if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
+def env_world_size(group=None) -> int:
+    """Processes in ``group`` (default: all), or torchrun's WORLD_SIZE before a group exists."""
+    return dist.get_world_size(group) if dist.is_initialized() else int(os.environ.get("WORLD_SIZE", 1))
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
@@ -67,11 +68,15 @@ class DistEngine(Engine):
 
     Joins the default process group if one exists (library use), else creates it from torchrun's
     environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) with ``backend`` and ``timeout``;
-    :meth:`close` destroys only a group it created.
+    :meth:`close` destroys only a group it created. ``group``: the processes that hold the n
+    workers (default: all); ranks here (``rank``, ``world``, peers) are ranks in that group.
     """
 
-    def __init__(self, n: int, backend: str = "auto", timeout: float = 60.0, device: torch.device | str = "cpu"):
-        world = env_world_size()
+    def __init__(self, n: int, backend: str = "auto", timeout: float = 60.0, device: torch.device | str = "cpu",
+                 group=None):
+        if group is not None and dist.get_rank(group) < 0:
+            raise ValueError(f"this process (rank {dist.get_rank()}) is not a member of the given group")
+        world = env_world_size(group)
         if n % world:
             raise ValueError(f"workers ({n}) must be a multiple of the number of processes ({world}) for engine "
                              f"'dist'; use workers={world * max(1, n // world)} or another multiple of {world}")
@@ -97,7 +102,8 @@ class DistEngine(Engine):
             except (RuntimeError, ValueError) as e:  # rendezvous failed or timed out
                 raise PeerLost(f"could not form the process group of {world} processes within "
                                f"{self.timeout:g} s: {_first_line(e)}", []) from None
-        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.group = group  # None: the default group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         m = n // self.world
         super().__init__(n, range(self.rank * m, (self.rank + 1) * m))
         self.is_root = self.rank == 0
@@ -123,8 +129,8 @@ class DistEngine(Engine):
         index, weight, send, recv = self._gossip_plan(mixing, X)
         received = [torch.empty(len(rows), X.shape[1], dtype=X.dtype, device=X.device) for _, rows in recv]
         outgoing = [X.index_select(0, rows) for _, rows in send]
-        ops = [dist.P2POp(dist.isend, buf, peer) for (peer, _), buf in zip(send, outgoing)]
-        ops += [dist.P2POp(dist.irecv, buf, peer) for (peer, _), buf in zip(recv, received)]
+        ops = [dist.P2POp(dist.isend, buf, self._global(peer), self.group) for (peer, _), buf in zip(send, outgoing)]
+        ops += [dist.P2POp(dist.irecv, buf, self._global(peer), self.group) for (peer, _), buf in zip(recv, received)]
         if ops:
             self._run("gossip exchange", lambda: dist.batch_isend_irecv(ops),
                       peers=sorted({p for p, _ in send} | {p for p, _ in recv}))
@@ -151,7 +157,7 @@ class DistEngine(Engine):
     def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
         total = X.sum(0)
         if total.numel():
-            self._run("all-reduce", lambda: dist.all_reduce(total, async_op=True))
+            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True))
         return total / self.n
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
@@ -162,11 +168,17 @@ class DistEngine(Engine):
         T = T.contiguous()
         parts = [torch.empty_like(T) for _ in range(self.world)]
         if everywhere:
-            self._run("all-gather", lambda: dist.all_gather(parts, T, async_op=True))
+            self._run("all-gather", lambda: dist.all_gather(parts, T, group=self.group, async_op=True))
             return torch.cat(parts)
         gather_list = parts if self.rank == 0 else None
-        self._run("gather", lambda: dist.gather(T, gather_list, dst=0, async_op=True))
+        self._run("gather", lambda: dist.gather(T, gather_list, dst=self._global(0), group=self.group,
+                                                async_op=True))
         return torch.cat(parts) if self.rank == 0 else None
+
+    def _any(self, flag: torch.Tensor) -> bool:
+        total = flag.to(self.device, torch.int32)
+        self._run("agreement", lambda: dist.all_reduce(total, op=dist.ReduceOp.MAX, async_op=True))
+        return bool(total.item())
 
     # ------------------------------------------------------------------ for the CLI and the library
 
@@ -178,7 +190,7 @@ class DistEngine(Engine):
         except ValueError as e:
             result, error = None, str(e)
         errors: list = [None] * self.world
-        self._run("agreement", lambda: dist.all_gather_object(errors, error))
+        self._run("agreement", lambda: dist.all_gather_object(errors, error, group=self.group))
         first = next((e for e in errors if e), None)
         if first:
             raise ValueError(first)
@@ -186,12 +198,12 @@ class DistEngine(Engine):
 
     def broadcast_(self, X: torch.Tensor, src: int = 0) -> None:
         """Every rank's X ← rank src's X (in place)."""
-        self._run("broadcast", lambda: dist.broadcast(X, src, async_op=True))
+        self._run("broadcast", lambda: dist.broadcast(X, self._global(src), group=self.group, async_op=True))
 
     def lost(self, what: str, peers: list[int] | None = None) -> PeerLost:
         """The :class:`PeerLost` for a failed operation: which rank is gone, in one line."""
         self._broken = True
-        ranks = self._watch.verdict(peers, self.timeout)
+        ranks = self._watch.verdict(peers and [self._global(p) for p in peers], self.timeout)
         who = (f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}") if ranks \
             else "a peer (could not tell which)"
         return PeerLost(f"rank {self.rank}: lost {who} of {self.world} ({what}): the process died or did not "
@@ -220,6 +232,10 @@ class DistEngine(Engine):
                 raise
             raise self.lost(f"{what} failed", peers) from e
 
+    def _global(self, rank: int) -> int:
+        """The default group's rank of this group's ``rank``."""
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
     def _blocks(self, size: int) -> list:
         """For each block of ``size`` consecutive workers that holds rows of this process:
         (local slice, process subgroup or None when the block lies inside this process, rows per member).
@@ -235,7 +251,8 @@ class DistEngine(Engine):
                 counts = [min(last, (p + 1) * self.m - 1) - max(first, p * self.m) + 1 for p in owners]
                 group = None
                 if len(owners) > 1:
-                    group = dist.group.WORLD if len(owners) == self.world else self._new_group(owners)
+                    whole = self.group if self.group is not None else dist.group.WORLD
+                    group = whole if len(owners) == self.world else self._new_group(owners)
                 if self.rank in owners:
                     lo, hi = max(first, self.rows.start), min(last + 1, self.rows.stop)
                     plan.append((slice(lo - self.rows.start, hi - self.rows.start), group, counts))
@@ -244,7 +261,9 @@ class DistEngine(Engine):
 
     def _new_group(self, ranks: list[int]):
         try:
-            return dist.new_group(ranks, timeout=self._op_timeout)
+            # inside a given group only its members create subgroups (the rest of the world never calls)
+            return dist.new_group([self._global(r) for r in ranks], timeout=self._op_timeout,
+                                  use_local_synchronization=self.group is not None)
         except RuntimeError as e:
             raise self.lost("creating a process subgroup failed") from e
 

@@ -8,9 +8,7 @@ that is gone, the same rank on every survivor.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import threading
 import time
 from datetime import timedelta
@@ -24,28 +22,6 @@ class PeerLost(RuntimeError):
     def __init__(self, message: str, ranks: list[int]):
         super().__init__(message)
         self.ranks = ranks
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived (torchrun stops the other processes when one fails)."""
-
-
-@contextlib.contextmanager
-def on_sigterm_raise():
-    """Within the block, SIGTERM raises :class:`Terminated` in the main thread (instead of dying
-    silently), so the process can still say which peer was lost. A no-op outside the main thread."""
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the verdict must not be interrupted
-        raise Terminated()
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class Watchdog:

@@ -14,18 +14,6 @@ def _group_mean_(X: torch.Tensor, group: int) -> None:
     blocks.copy_(blocks.mean(1, keepdim=True).expand_as(blocks))
 
 
-def _cyclic_shifts(index) -> list[int] | None:
-    """s_k per slot if index[k, i] == (i + s_k) mod n for every slot k, else None."""
-    K, n = index.shape
-    shifts = []
-    for k in range(K):
-        s = int(index[k, 0]) % n if n else 0
-        if any(int(index[k, i]) != (i + s) % n for i in range(n)):
-            return None
-        shifts.append(s)
-    return shifts
-
-
 def _mix_shifts(X: torch.Tensor, shifts: list[int], weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """mix_rows(X, index, weight) for index[k, i] = (i + shifts[k]) mod n, without gathers:
     row block [0, n − s) reads X[s:], the rest X[:s]. Same products and sums in the same order."""
@@ -80,7 +68,7 @@ class SimEngine(Engine):
         weight = torch.tensor(mixing.weight).to(like).unsqueeze(-1)
         # a dense product beats K gathers once a worker has neighbours in about half the graph
         dense = torch.tensor(mixing.dense()).to(like) if 2 * index.shape[0] > self.n else None
-        return index, weight, dense, _cyclic_shifts(mixing.index)
+        return index, weight, dense, mixing.shifts
 
     def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
         rows = torch.arange(self.n, device=payload.device)
@@ -94,3 +82,6 @@ class SimEngine(Engine):
 
     def gather_rows(self, T: torch.Tensor) -> torch.Tensor:
         return T
+
+    def _any(self, flag: torch.Tensor) -> bool:
+        return bool(flag.item())

@@ -1,0 +1,87 @@
+"""The full state of a run after a step, captured and restored bit for bit (``--resume``).
+
+A checkpoint holds everything the next step depends on: the parameters X and buffers B (and
+every worker's integer buffers), the local optimizer's state and step count, the schedule's
+state (compression references and residuals, the gossip round counter, DiLoCo's outer model and
+momentum, ...), the communication counters, the loop's own state (the EMA of φ², extra rounds),
+the RNG state and the config. The position in the data order is the step: every epoch's batches
+are a function of (seed, epoch). Tensors with one row per worker sit under ``rows`` keys; an
+engine gathers them from all processes when saving and takes its own rows when restoring.
+
+Everything in a checkpoint is a tensor, a number, a string, a list or a dict, so it loads with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .registry import ConfigError
+
+FORMAT = 1
+RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger")
+"""Keys a resumed run may change: its length and how it logs, nothing that changes training."""
+
+
+def capture(run, progress, step: int) -> dict:
+    """The state of ``run`` after ``step`` steps (this process's rows)."""
+    w = run.workers
+    rng = {"torch": torch.get_rng_state()}
+    if w.X.device.type == "cuda":
+        rng["cuda"] = torch.cuda.get_rng_state(w.X.device)
+    return {"format": FORMAT, "step": step, "config": run.cfg.to_dict(),
+            "rows": {"X": w.X, "B": w.B, "integer_buffers": w.integer_buffers()},
+            "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
+            "comm": run.engine.comm.state_dict(), "progress": progress.state_dict(), "rng": rng}
+
+
+def restore(run, progress, state: dict) -> int:
+    """Load a captured state into a freshly built (and started) ``run``; returns the step."""
+    local = local_rows(state, run.engine.rows)
+    w = run.workers
+    w.X.copy_(local["rows"]["X"])
+    w.B.copy_(local["rows"]["B"])
+    w.load_integer_buffers(local["rows"]["integer_buffers"])
+    run.optimizer.load_state_dict(_on(local["optimizer"], w.X.device))
+    run.schedule.load_state_dict(_on(local["schedule"], w.X.device))
+    run.engine.comm.load_state_dict(local["comm"])
+    progress.load_state_dict(local["progress"])
+    torch.set_rng_state(local["rng"]["torch"])
+    if "cuda" in local["rng"] and w.X.device.type == "cuda":
+        torch.cuda.set_rng_state(local["rng"]["cuda"], w.X.device)
+    return int(local["step"])
+
+
+def local_rows(state, rows: range):
+    """``state`` with every tensor under a ``rows`` key cut to the given workers' rows."""
+    def walk(value, under_rows: bool = False):
+        if under_rows and isinstance(value, torch.Tensor):
+            return value[rows.start : rows.stop]
+        if isinstance(value, dict):
+            return {k: walk(v, under_rows or k == "rows") for k, v in value.items()}
+        return value
+    return walk(state)
+
+
+def _on(state, device: torch.device):
+    """Every tensor of a state dict on ``device``."""
+    if isinstance(state, torch.Tensor):
+        return state.to(device)
+    if isinstance(state, dict):
+        return {k: _on(v, device) for k, v in state.items()}
+    return state
+
+
+def check_resumable(saved: dict, new: dict, run_dir: str) -> None:
+    """Refuse to resume with a config that differs from the saved one in anything that changes
+    training (every key but :data:`RESUMABLE_KEYS`), naming the keys."""
+    changed = sorted(k for k in set(saved) | set(new) if k not in RESUMABLE_KEYS and saved.get(k) != new.get(k))
+    if changed:
+        shown = ", ".join(f"{k} ({_short(saved.get(k))} → {_short(new.get(k))})" for k in changed[:5])
+        raise ConfigError(f"--resume {run_dir[:100]}: the config differs from the run's in {shown}; "
+                          f"only {', '.join(RESUMABLE_KEYS)} may change")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -1,0 +1,414 @@
+"""Local SGD, gossip and DiLoCo for a training loop with one model per process (torchrun, DDP).
+
+Construct one after the model and its optimizer; it registers step hooks on the optimizer, so
+``optimizer.step()`` communicates by itself and the loop stays as it was::
+
+    model = Net()                                    # the same initialisation on every rank
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    sync = LocalSGD(model, optimizer, local_steps=4)  # or Gossip(...), DiLoCo(...)
+    for x, y in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        optimizer.step()                             # + gradient mean before, model sync after
+
+Process r is worker r of the n processes of ``group`` (default: all). The schedules are the
+simulator's own (:mod:`gossamer.algorithms`) over a :class:`~gossamer.engines.dist.DistEngine`
+holding one row: the model's parameters are re-pointed at views into one flat row X [1, d] (and
+their gradients, when a schedule averages them, into G), so averaging, gossip and the outer step
+are row operations on X with no copy per step. The same options, seed and data order give the
+parameters that ``gossamer train --set engine=sim`` gives (tests/test_integrations.py, float64).
+
+Before the optimizer step the schedule's gradient hook runs (an all-reduce of the gradients while
+a schedule is in a mini-batch phase: before post-local's switch, in a gossip ``allreduce``
+phase); with a ``DistributedDataParallel`` model over the same processes, DDP does that
+all-reduce during backward through a comm hook registered here, and skips it in the local
+phases. After the step the schedule's model hook runs (average every H steps, a gossip round,
+DiLoCo's outer step). The keyword options are the config keys of ``gossamer train`` and are
+checked the same way (one-line :class:`~gossamer.registry.ConfigError`); phases are in steps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from ..algorithms import Context, Step, build_schedule
+from ..config import from_dict
+from ..consensus import ConsensusConfig
+from ..engines.dist import DistEngine, env_world_size
+from ..engines.stats import CommStats
+from ..registry import ConfigError
+from ..workers import bind_row, float_buffers, layout
+
+BUFFER_POLICIES = ("local", "average")
+
+
+class Synchronizer:
+    """A schedule of :mod:`gossamer.algorithms` run by optimizer step hooks, one worker per process.
+
+    ``buffers``: ``local`` (floating buffers such as BatchNorm statistics stay each worker's own,
+    as in the papers) or ``average`` (averaged — or gossiped — whenever the parameters are).
+    Every method that communicates is a collective: call it on every rank, at the same step.
+    """
+
+    algorithm = ""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: dict, *,
+                 buffers: str = "local", group=None, dist_backend: str = "auto", dist_timeout: float = 60.0,
+                 reference: list[float] | None = None):
+        if buffers not in BUFFER_POLICIES:
+            raise ConfigError(f"unknown buffers '{str(buffers)[:100]}'; choose one of: {', '.join(BUFFER_POLICIES)}")
+        ddp = model if isinstance(model, DistributedDataParallel) else None
+        module = ddp.module if ddp is not None else model
+        named = list(module.named_parameters())
+        if not named:
+            raise ConfigError("the model has no parameters to synchronise")
+        kinds = {(p.dtype, p.device) for _, p in named}
+        if len(kinds) > 1:
+            raise ConfigError(f"all parameters must share one dtype and device, got {sorted(map(str, kinds))}")
+        n = env_world_size(group)
+        self.cfg = from_dict({"workers": n, "algorithm": self.algorithm, "engine": "dist",
+                              "dist_backend": dist_backend, "dist_timeout": dist_timeout, **options})
+        self.optimizer = optimizer
+        self.slots, self.d = layout(named)
+        self.module = module
+        self.X = torch.cat([p.detach().reshape(-1) for _, p in named]).unsqueeze(0)
+        self.G = torch.zeros_like(self.X)
+        bind_row(module, self.slots, self.X[0])
+        self.B = None
+        buffer_rows = []
+        if buffers == "average":
+            named_buffers = float_buffers(module)
+            if named_buffers and ddp is not None and ddp.broadcast_buffers:
+                raise ConfigError("buffers='average' with a DDP model that broadcasts rank 0's buffers every "
+                                  "forward: construct DistributedDataParallel(..., broadcast_buffers=False)")
+            self.buffer_slots, _ = layout(named_buffers)
+            self.B = torch.cat([b.detach().reshape(-1) for _, b in named_buffers] or
+                               [self.X.new_zeros(0)]).unsqueeze(0)
+            bind_row(module, self.buffer_slots, self.B[0], parameter=False)
+            buffer_rows = [self.B]
+        self.optimizer_rows: dict[str, torch.Tensor] = {}  # per-parameter optimizer state as rows, once it exists
+        self._optimizer_row_list: list[torch.Tensor] = []  # the schedule's optimizer_rows, filled at step 1
+        context = Context(self.X, [s.numel for s in self.slots], self._optimizer_row_list, steps_per_epoch=1,
+                          reference=reference, buffer_rows=buffer_rows)
+        self.schedule = self._build_schedule(context)  # every local check before the first collective
+        self.engine = DistEngine(n, dist_backend, dist_timeout, named[0][1].device, group=group)
+        try:
+            self._check_identical()
+        except BaseException:
+            self.engine.close()
+            raise
+        self.schedule.start(self.engine, self.X)
+        self.anchor = self.X.clone()  # the model at the last step that ended with a global average
+        self.synced = True  # whether the last step ended with a global average (anchor == X)
+        self.t = 0  # steps taken
+        self._tracks_gradient_norm = getattr(self.cfg, "consensus", ConsensusConfig()).target == "gradient"
+        self.grad_norm_sq_ema: float | None = None
+        self.extra_gossip_rounds = 0
+        self.last_metrics: dict = {}  # what the schedule reported for the last step
+        self._step: Step | None = None
+        self._ddp_averages = ddp is not None and _same_ranks(ddp.process_group, group)
+        if self._ddp_averages:
+            ddp.register_comm_hook(None, self._ddp_comm_hook)
+        self._hooks = [optimizer.register_step_pre_hook(self._before_step),
+                       optimizer.register_step_post_hook(self._after_step)]
+
+    def _build_schedule(self, context: Context):
+        return build_schedule(self.cfg, context)
+
+    # ------------------------------------------------------------------ the step hooks
+
+    def _before_step(self, optimizer, args, kwargs):
+        """The step pre-hook: the gradient stage now, or — when the step gets a closure that computes
+        the gradients (PyTorch Lightning, LBFGS) — right after that closure."""
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
+        if closure is None:
+            self._gradient_stage(optimizer)
+            return None
+
+        def closure_then_gradient_stage():
+            loss = closure()
+            self._gradient_stage(optimizer)
+            return loss
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": closure_then_gradient_stage}
+        return (args[0], closure_then_gradient_stage, *args[2:]), kwargs
+
+    def _gradient_stage(self, optimizer) -> None:
+        """φ² when the consensus target follows it, then the schedule's gradient hook (or DDP's
+        all-reduce standing in for it), for the step about to be taken."""
+        t = self.t
+        self._global_rounds = self.engine.comm.rounds_by_level["global"]
+        lr = float(optimizer.param_groups[0]["lr"])
+        averages = self.schedule.averages_gradients(t)
+        phi_sq = 0.0
+        if self._tracks_gradient_norm or (averages and not self._ddp_averages):
+            self._bind_gradients()
+        if self._tracks_gradient_norm:  # φ_t² = (1/n) Σ_i ‖g_i‖², before any averaging (the gradient target)
+            phi_sq = self.engine.mean_scalar(self.G.square().sum(1))
+            ema, beta = self.grad_norm_sq_ema, self.cfg.consensus.ema
+            self.grad_norm_sq_ema = phi_sq if ema is None else beta * ema + (1 - beta) * phi_sq
+        self._step = Step(t, lr, phi_sq, self.grad_norm_sq_ema or 0.0, measure=False)
+        if averages and self._ddp_averages:  # DDP's comm hook averaged the gradients during backward
+            self.engine.comm.allreduce(self.d, self.engine.n)
+        else:
+            self.schedule.on_gradients(self.engine, self.X, self.G, self._step)
+
+    def _after_step(self, optimizer, args, kwargs) -> None:
+        self._bind_optimizer_state()
+        metrics = self.schedule.after_step(self.engine, self.X, self._step)
+        # a global average of the gradients or of the models in this step: every model is x̄ now
+        self.synced = self.engine.comm.rounds_by_level["global"] > self._global_rounds
+        if self.synced:
+            self.anchor.copy_(self.X)
+        self.extra_gossip_rounds += metrics.get("extra_gossip_rounds", 0)
+        self.last_metrics = metrics
+        self.t += 1
+
+    def _ddp_comm_hook(self, state, bucket):
+        """DDP's gradient all-reduce where the schedule averages gradients; the local gradients elsewhere."""
+        buffer = bucket.buffer()
+        if not self.schedule.averages_gradients(self.t):
+            future = torch.futures.Future()
+            future.set_result(buffer)
+            return future
+        buffer.div_(self.engine.world)
+        work = dist.all_reduce(buffer, group=self.engine.group, async_op=True)
+        return work.get_future().then(lambda f: f.value()[0])
+
+    def _bind_gradients(self) -> None:
+        """Make every ``.grad`` a view into G (copying gradients that autograd put elsewhere, e.g.
+        after ``zero_grad(set_to_none=True)``; a parameter without a gradient gets zeros)."""
+        for s in self.slots:
+            p = self.module.get_parameter(s.name)
+            view = self.G[0, s.offset : s.offset + s.numel].view(s.shape)
+            if p.grad is None:
+                view.zero_()
+            elif p.grad.data_ptr() != view.data_ptr():
+                view.copy_(p.grad)
+            p.grad = view
+
+    def _bind_optimizer_state(self) -> None:
+        """The optimizer's per-parameter state tensors (momentum, moments) as views into one row per
+        state name, so that a schedule can average them (entering an all-reduce phase). torch
+        optimizers create their state at their first step and update it in place after that."""
+        for s in self.slots:
+            state = self.optimizer.state.get(self.module.get_parameter(s.name), {})
+            for name, value in state.items():
+                if not (torch.is_tensor(value) and value.is_floating_point() and value.shape == s.shape):
+                    continue
+                if name not in self.optimizer_rows:
+                    self.optimizer_rows[name] = torch.zeros_like(self.X)
+                    self._optimizer_row_list.append(self.optimizer_rows[name])
+                view = self.optimizer_rows[name][0, s.offset : s.offset + s.numel].view(s.shape)
+                if value.data_ptr() != view.data_ptr():
+                    view.copy_(value)
+                    state[name] = view
+
+    # ------------------------------------------------------------------ metrics
+
+    def consensus_distance(self, exact: bool = True) -> float:
+        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖² now (``exact``: an all-reduce of d values), or a cheap upper
+        bound on it from one scalar per worker (:meth:`_estimate`)."""
+        return self.engine.consensus_distance_sq(self.X) if exact else self._estimate()
+
+    def _estimate(self) -> float:
+        """(1/n) Σ_i ‖x_i − c‖² = Ξ² + ‖x̄ − c‖² ≥ Ξ², c the model at the last step that ended with
+        an exact global average (the start, a sync, an outer step): the same c on every worker."""
+        return self.engine.mean_scalar((self.X - self.anchor).square().sum(1))
+
+    @property
+    def comm(self) -> CommStats:
+        """The algorithm's communication so far, per worker, counted as in ``summary.json``."""
+        return self.engine.comm
+
+    def metrics(self) -> dict[str, float]:
+        """Ξ², its cheap bound, the last step's schedule metrics and the communication counts (a collective)."""
+        row = {"consensus_distance_sq": self.consensus_distance(),
+               "consensus_distance_sq_bound": self.consensus_distance(exact=False),
+               **{k: float(v) for k, v in self.last_metrics.items() if isinstance(v, (int, float)) and v is not None},
+               "comm_rounds": self.comm.rounds, "bytes_per_worker": self.comm.bytes_per_worker}
+        if self.grad_norm_sq_ema is not None:
+            row.update(grad_norm_sq=self._step.grad_norm_sq, grad_norm_sq_ema=self.grad_norm_sq_ema)
+        return row
+
+    # ------------------------------------------------------------------ checkpoints and life cycle
+
+    def state_dict(self) -> dict:
+        """Everything this synchroniser carries (this rank's: models differ between syncs, so
+        every rank saves its own, with its model's and optimizer's ``state_dict``)."""
+        return {"algorithm": self.algorithm, "workers": self.engine.n, "step": self.t,
+                "schedule": self.schedule.state_dict(), "comm": self.comm.state_dict(), "anchor": self.anchor,
+                "grad_norm_sq_ema": self.grad_norm_sq_ema, "extra_gossip_rounds": self.extra_gossip_rounds}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` (step counter included), after loading the model's and
+        the optimizer's own state."""
+        for key, mine in (("algorithm", self.algorithm), ("workers", self.engine.n)):
+            if state[key] != mine:
+                raise ConfigError(f"this checkpoint is of {key} {state[key]}, not {mine}")
+        self.t = int(state["step"])
+        self.schedule.load_state_dict(state["schedule"])
+        self.comm.load_state_dict(state["comm"])
+        self.anchor.copy_(state["anchor"])
+        self.grad_norm_sq_ema = state["grad_norm_sq_ema"]
+        self.extra_gossip_rounds = int(state["extra_gossip_rounds"])
+
+    def average_parameters_(self) -> None:
+        """Every worker's model ← x̄ now (e.g. before evaluating or saving the consensus model)."""
+        self.engine.allreduce_mean_(self.X)
+        self.anchor.copy_(self.X)
+        self.synced = True
+
+    def close(self) -> None:
+        """Remove the optimizer hooks; stop the engine (and the process group if it created one)."""
+        for handle in self._hooks:
+            handle.remove()
+        self.engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_identical(self) -> None:
+        """One clear error, on every rank, if the models differ at the start."""
+        first = self.X.clone()
+        self.engine.broadcast_(first, src=0)
+        if self.engine.mean_scalar((first != self.X).any(1).to(self.X.dtype)) > 0:
+            raise ConfigError("the model's parameters differ across ranks at the start: initialise them alike on "
+                              "every rank (the same torch.manual_seed before building the model, or one checkpoint)")
+        self.engine.comm = CommStats()  # the check is set-up, not training traffic
+
+
+def _same_ranks(a, b) -> bool:
+    """Whether two process groups (None: the default one) hold the same ranks."""
+    def ranks(g):
+        return dist.get_process_group_ranks(g if g is not None else dist.group.WORLD)
+    return ranks(a) == ranks(b)
+
+
+class LocalSGD(Synchronizer):
+    """Local SGD (Lin et al.): H local steps, then the exact average of the models.
+
+    ``switch_step`` t′: post-local SGD — gradients averaged every step before t′ (mini-batch SGD,
+    what DDP does), local SGD from t′ on. ``block_size``/``block_rounds``: hierarchical local SGD
+    — every H steps the average inside blocks of ``block_size`` consecutive ranks (a node), every
+    ``block_rounds``-th time the global one. ``compression``: ``sign`` or ``ef-sign`` messages.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, local_steps: int = 1, *,
+                 switch_step: int | None = None, block_size: int | None = None, block_rounds: int = 1,
+                 compression: str = "none", **kwargs):
+        self.algorithm = ("post-local" if switch_step is not None else "hierarchical" if block_size is not None
+                          else "local")
+        given = {"switch_step": switch_step, "block_size": block_size, "block_rounds": None if block_rounds == 1
+                 else block_rounds}  # the config refuses those that do not apply to the algorithm, by name
+        options = {"local_steps": local_steps, "compression": compression,
+                   **{key: value for key, value in given.items() if value is not None}}
+        super().__init__(model, optimizer, options, **kwargs)
+
+
+class Gossip(Synchronizer):
+    """D-SGD (Kong et al.): after every step, x_i ← Σ_j w_ij x_j with the graph neighbours.
+
+    ``topology``: any ``gossamer topology`` name (time-varying ones advance per round);
+    ``gossip_form``: ``step-then-mix`` or ``mix-then-step``; ``phases`` with ``phase_steps``
+    (e.g. ``["controlled", "allreduce"]``, ``[1000]``); ``consensus``: the CLI's ``consensus.*``
+    keys as a dict (``{"target": "constant", "value": 0.05}``; ``run:DIR`` reads that run's Ξ²).
+    A round exchanges only the neighbours' models, one message each (the flat row).
+    """
+
+    algorithm = "gossip"
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: str = "ring", *,
+                 topology_seed: int = 0, gossip_form: str = "step-then-mix", phases: list[str] = (),
+                 phase_steps: list[int] = (), consensus: dict | None = None, **kwargs):
+        options = {"topology": topology, "topology_seed": topology_seed, "gossip_form": gossip_form,
+                   "phases": list(phases), "phase_steps": list(phase_steps), "consensus": dict(consensus or {})}
+        reference = None
+        target = options["consensus"].get("target", "none")
+        if isinstance(target, str) and target.startswith("run:"):
+            from ..report import read_trajectory
+
+            reference = read_trajectory(target.removeprefix("run:"), {"workers": env_world_size(kwargs.get("group"))})
+        super().__init__(model, optimizer, options, reference=reference, **kwargs)
+
+    def _build_schedule(self, context: Context):
+        schedule = super()._build_schedule(context)
+        schedule.keep_change = True  # each round's local change: the cheap estimate
+        return schedule
+
+    def _estimate(self) -> float:
+        """The bound Ξ ≤ (2/p)Θ of the last gossip round (Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖², what
+        workers compute from the models they received), squared; the base bound (0) after a step
+        that ended with a global average."""
+        change, mixing = self.schedule.change, self.schedule.mixing
+        if change is None or self.synced:
+            return super()._estimate()
+        theta_sq = self.engine.mean_scalar(change)
+        return (2 / mixing.p) ** 2 * theta_sq if mixing.p > 0 else math.inf
+
+
+class DiLoCo(Synchronizer):
+    """DiLoCo (Douillard et al.): H inner steps of ``optimizer``, then an outer step of
+    ``outer_optimizer`` on the pseudo-gradient Δ = x_outer − mean_i x_i.
+
+    ``outer_optimizer`` is the user's, over the same parameters (e.g. ``torch.optim.SGD(
+    model.parameters(), lr=0.7, momentum=0.9, nesterov=True)``, the paper's); at an outer step
+    the parameters hold x_outer and their ``.grad`` holds Δ while it steps. Each worker keeps its
+    inner optimizer's state across outer steps (as the DiLoCo paper does).
+    """
+
+    algorithm = "diloco"
+
+    def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer,
+                 outer_optimizer: torch.optim.Optimizer, local_steps: int = 1, **kwargs):
+        inner = {id(p) for group in inner_optimizer.param_groups for p in group["params"]}
+        outer = {id(p) for group in outer_optimizer.param_groups for p in group["params"]}
+        if outer != inner:
+            raise ConfigError("outer_optimizer must optimise the same parameters as the inner optimizer")
+        self.outer_optimizer = outer_optimizer
+        super().__init__(model, inner_optimizer, {"local_steps": local_steps}, **kwargs)
+
+    def _build_schedule(self, context: Context):
+        schedule = super()._build_schedule(context)
+        schedule.outer = _TorchOuter(self)  # the user's outer optimizer instead of the CLI's OuterSGD
+        return schedule
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "outer_optimizer": self.outer_optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.outer_optimizer.load_state_dict(state["outer_optimizer"])
+
+
+class _TorchOuter:
+    """The user's torch optimizer as DiLoCo's outer optimizer (:class:`gossamer.algorithms.OuterOptimizer`):
+    the parameters (views into X) take x_outer and their gradients Δ; it steps; x_outer ← X."""
+
+    def __init__(self, sync: DiLoCo):
+        self.sync = sync
+
+    def start(self, x_outer: torch.Tensor) -> None:
+        pass
+
+    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor) -> None:
+        sync = self.sync
+        sync.X.copy_(x_outer)
+        sync.G.copy_(pseudo_gradient)
+        bind_row(sync.module, sync.slots, sync.X[0], grads=sync.G[0])  # .grad = Δ
+        sync.outer_optimizer.step()
+        x_outer.copy_(sync.X)
+
+    def state_dict(self) -> dict:
+        return {}  # the outer optimizer's state is saved by DiLoCo.state_dict
+
+    def load_state_dict(self, state: dict) -> None:
+        pass

@@ -1,0 +1,209 @@
+"""Run under P processes (RANK/WORLD_SIZE/MASTER_* set by tests/test_integrations.py): the library
+hooks of gossamer.integrations in a plain PyTorch loop, one model per process.
+
+1. Parity: for every case in CASES (a JSON file of [name, overrides, hook]), the loop trains the
+   model that ``gossamer train`` builds from the same config (same init, data order and learning
+   rates) with ``torch.optim.SGD`` and the hook; each rank saves its flat parameters and counts to
+   OUT/NAME/rank{R}.pt, to be compared with the simulator's run of the same overrides.
+2. Resume: the first half, then state_dicts into fresh objects, then the second half, against
+   one straight run: OUT/resume-rank{R}.json.
+3. Buffers, process groups and bad input: OUT/checks-rank{R}.json.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from gossamer.config import load_config
+from gossamer.data import load_dataset
+from gossamer.data.partition import iid_epoch_indices, steps_per_epoch
+from gossamer.integrations import DiLoCo, Gossip, LocalSGD
+from gossamer.models import build_model
+from gossamer.registry import ConfigError
+from gossamer.train import lr_at
+
+SYNCHRONIZERS = {"LocalSGD": LocalSGD, "Gossip": Gossip, "DiLoCo": DiLoCo}
+
+
+def build(cfg, data, hook: dict, seed: int | None = None):
+    """(model, optimizer, synchroniser) as a user would write them, from the run's config."""
+    torch.manual_seed(cfg.seed if seed is None else seed)
+    model = build_model(cfg, data).to(torch.float64)
+    if hook.get("ddp"):
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    kwargs = dict(hook.get("kwargs", {}))
+    if hook["kind"] == "DiLoCo":
+        outer = torch.optim.SGD(model.parameters(), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=True)
+        return model, optimizer, DiLoCo(model, optimizer, outer, **kwargs)
+    return model, optimizer, SYNCHRONIZERS[hook["kind"]](model, optimizer, **kwargs)
+
+
+def train(cfg, data, model, optimizer, steps: range) -> None:
+    """Steps ``steps`` of this rank's worker: the simulator's batches and learning rates."""
+    S = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+    rank = dist.get_rank()
+    for t in steps:
+        epoch, s = divmod(t, S)
+        idx = iid_epoch_indices(len(data.y_train), cfg.workers, cfg.batch_size, epoch, cfg.seed)
+        x, y = data.train_batch(idx[s], range(rank, rank + 1), seed=t)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, t, S)
+        optimizer.zero_grad()
+        F.cross_entropy(model(x[0]), y[0]).backward()
+        optimizer.step()
+
+
+def total_steps(cfg, data) -> int:
+    return cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+
+
+def parity(out: Path, name: str, overrides: list[str], hook: dict) -> None:
+    cfg = load_config(None, overrides)
+    data = load_dataset(cfg).to(torch.device("cpu"), torch.float64)
+    model, optimizer, sync = build(cfg, data, hook)
+    train(cfg, data, model, optimizer, range(total_steps(cfg, data)))
+    (out / name).mkdir(exist_ok=True)
+    storage = sync.X.untyped_storage().data_ptr()  # the parameters are still views into the row X: no copies
+    views = all(p.untyped_storage().data_ptr() == storage for p in model.parameters())
+    torch.save({"X": sync.X.clone(), "comm": sync.comm.state_dict(), "step": sync.t, "sent": vars(sync.engine.sent),
+                "views": views,
+                "exact": sync.consensus_distance(), "bound": sync.consensus_distance(exact=False)},
+               out / name / f"rank{dist.get_rank()}.pt")
+    sync.close()
+
+
+def resume(overrides: list[str], hook: dict, cut: int) -> float:
+    """max |X_straight − X_resumed| after all steps, resumed from a checkpoint after ``cut`` steps."""
+    cfg = load_config(None, overrides)
+    data = load_dataset(cfg).to(torch.device("cpu"), torch.float64)
+    steps = total_steps(cfg, data)
+    model, optimizer, sync = build(cfg, data, hook)
+    train(cfg, data, model, optimizer, range(steps))
+    straight = sync.X.clone()
+    sync.close()
+    model, optimizer, sync = build(cfg, data, hook)
+    train(cfg, data, model, optimizer, range(cut))
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sync": sync.state_dict()}
+    sync.close()
+    model, optimizer, sync = build(cfg, data, hook)
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    sync.load_state_dict(saved["sync"])
+    train(cfg, data, model, optimizer, range(cut, steps))
+    diff = (sync.X - straight).abs().max().item()
+    sync.close()
+    return diff
+
+
+class BNNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def buffer_check(buffers: str) -> dict:
+    """LocalSGD(H = 2) on a BatchNorm model, each rank on its own data: the buffers right before and
+    after the sync at step 2, as (their spread across ranks, the distance from the mean before)."""
+    torch.manual_seed(0)
+    model = BNNet().double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = {}
+
+    def before(opt, args, kwargs):  # registered first: runs before the synchroniser's own hook
+        seen["before"] = torch.cat([b.detach().reshape(-1).clone() for b in model.buffers() if b.is_floating_point()])
+
+    optimizer.register_step_post_hook(before)
+    sync = LocalSGD(model, optimizer, local_steps=2, buffers=buffers)
+    g = torch.Generator().manual_seed(10 + dist.get_rank())
+    for _ in range(2):
+        x = torch.randn(16, 6, generator=g, dtype=torch.float64) * (1 + dist.get_rank())
+        optimizer.zero_grad()
+        model(x).square().mean().backward()
+        optimizer.step()
+    after = torch.cat([b.detach().reshape(-1) for b in model.buffers() if b.is_floating_point()])
+    mean_before = seen["before"].clone()
+    dist.all_reduce(mean_before)
+    mean_before /= dist.get_world_size()
+    spread = after.clone()
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    low = after.clone()
+    dist.all_reduce(low, op=dist.ReduceOp.MIN)
+    sync.close()
+    return {"spread": (spread - low).abs().max().item(), "from_mean": (after - mean_before).abs().max().item()}
+
+
+def group_check() -> dict:
+    """Two groups of two ranks ({0, 1} and {2, 3}), local SGD inside each: after a sync the models
+    are equal inside a group and differ between the groups."""
+    groups = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+    mine = groups[dist.get_rank() // 2]
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1).double()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    sync = LocalSGD(model, optimizer, local_steps=2, group=mine)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(8, 4, generator=g, dtype=torch.float64)).square().mean().backward()
+        optimizer.step()
+    rows = [torch.empty_like(sync.X) for _ in range(dist.get_world_size())]
+    dist.all_gather(rows, sync.X)
+    sync.close()
+    return {"inside": max((rows[0] - rows[1]).abs().max().item(), (rows[2] - rows[3]).abs().max().item()),
+            "between": (rows[0] - rows[2]).abs().max().item(), "workers": sync.engine.n}
+
+
+def bad_input(out: Path) -> dict:
+    """The one-line error of each bad use (raised alike on every rank), by case."""
+    cfg = load_config(None, ["workers=4", "num_samples=1000", "dtype=float64"])
+    data = load_dataset(cfg).to(torch.device("cpu"), torch.float64)
+    edges = out / "six-nodes.txt"
+    cases = {
+        "models differ": ({"kind": "LocalSGD"}, dist.get_rank()),
+        "block size": ({"kind": "LocalSGD", "kwargs": {"local_steps": 2, "block_size": 3}}, None),
+        "post-local hierarchical": ({"kind": "LocalSGD", "kwargs": {"switch_step": 2, "block_size": 2}}, None),
+        "topology size": ({"kind": "Gossip", "kwargs": {"topology": f"edges:{edges}"}}, None),
+        "buffers": ({"kind": "Gossip", "kwargs": {"buffers": "everywhere"}}, None),
+        "phases": ({"kind": "Gossip", "kwargs": {"phases": ["gossip", "allreduce"]}}, None),
+    }
+    errors = {}
+    for name, (hook, seed) in cases.items():
+        try:
+            build(cfg, data, hook, seed)[2].close()
+            errors[name] = None
+        except ConfigError as e:
+            errors[name] = str(e)
+    ddp = DistributedDataParallel(BNNet().double())
+    try:
+        LocalSGD(ddp, torch.optim.SGD(ddp.parameters(), lr=0.1), buffers="average")
+        errors["ddp broadcasts buffers"] = None
+    except ConfigError as e:
+        errors["ddp broadcasts buffers"] = str(e)
+    return errors
+
+
+if __name__ == "__main__":
+    out, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    for name, overrides, hook in cases["parity"]:
+        parity(out, name, overrides, hook)
+    resumed = {name: resume(overrides, hook, cut) for name, overrides, hook, cut in cases["resume"]}
+    (out / f"resume-rank{rank}.json").write_text(json.dumps(resumed))
+    if rank == 0:
+        (out / "six-nodes.txt").write_text("0 1\n1 2\n2 3\n3 4\n4 5\n5 0\n")
+    dist.barrier()
+    checks = {"buffers average": buffer_check("average"), "buffers local": buffer_check("local"),
+              "groups": group_check(), "errors": bad_input(out)}
+    (out / f"checks-rank{rank}.json").write_text(json.dumps(checks, indent=1))
+    dist.destroy_process_group()
