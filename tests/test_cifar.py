@@ -2,13 +2,16 @@
 its checks, bad input, and the per-worker crop + flip augmentation."""
 
 import hashlib
+import signal
 import tarfile
 
 import numpy as np
 import pytest
 import torch
+from test_durable import assert_same_run, stop_with
 
 from conftest import write_cifar
+from gossamer.cli import main
 from gossamer.config import ConfigError, load_config
 from gossamer.data import cifar, load_dataset
 from gossamer.data.cifar import CropFlip, channel_stats
@@ -154,3 +157,19 @@ def test_train_batches_are_augmented_deterministically_and_test_data_never(root)
     x3, _ = data.train_batch(idx, range(4), seed=12)
     assert torch.equal(x1, x2) and not torch.equal(x1, x3)
     assert not torch.equal(x1, data.x_train[idx]) and torch.equal(y1, data.y_train[idx])
+
+
+def test_stopped_and_resumed_cifar_run_is_the_uninterrupted_one(tmp_path, capsys, monkeypatch, root):
+    """Augmentation draws (seeded by step), BatchNorm statistics (vmap's batched path) and
+    statistics recomputed for x̄ resume bit for bit."""
+    overrides = ["dataset=cifar10", f"data_dir={root}", "model=resnet20", "workers=2", "batch_size=8", "epochs=2",
+                 "algorithm=gossip", "grad_backend=vmap", "bn_eval=recompute", "momentum=0.9", "lr=0.05"]
+    args = [a for o in overrides for a in ("--set", o)]
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert main(["train", "--quiet", "--out", str(straight), *args]) == 0
+    with monkeypatch.context() as m:
+        stop_with(signal.SIGTERM, 9, m)  # in the middle of the first of two 12-step epochs
+        assert main(["train", "--quiet", "--out", str(stopped), *args]) == 143
+    capsys.readouterr()
+    assert main(["train", "--quiet", "--resume", str(stopped)]) == 0
+    assert_same_run(straight, stopped)

@@ -7,6 +7,8 @@ import pytest
 import torch
 import yaml
 
+from test_bad_input import one_line_error, sets
+
 from gossamer.cli import main
 from gossamer.config import ConfigError, load_config
 from gossamer.data import load_dataset, text
@@ -93,11 +95,8 @@ def test_bad_text_input_is_one_line(tmp_path, capsys, content, overrides, fragme
     path = tmp_path / ("missing.txt" if content is None else "t.txt")
     if content is not None:
         path.write_bytes(content)
-    sets = [a for o in [f"text_file={path}", *overrides] for a in ("--set", o)]
-    code = main(["train", "--quiet", "--out", str(tmp_path / "never"), "--set", "dataset=text", "--set",
-                 "model=transformer", *sets])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
+    err = one_line_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "never"),
+                                  *sets("dataset=text", "model=transformer", f"text_file={path}", *overrides)])
     assert re.search(fragment, err), err
     assert not (tmp_path / "never").exists()
 
@@ -110,7 +109,5 @@ def test_bad_text_input_is_one_line(tmp_path, capsys, content, overrides, fragme
     (["partition=dirichlet"], "partition 'dirichlet' splits classes among workers"),
 ])
 def test_bad_text_options(capsys, overrides, fragment):
-    code = main(["train", "--quiet", "--out", "/nonexistent/never", "--set", "dataset=text", "--set",
-                 "model=transformer", *[a for o in overrides for a in ("--set", o)]])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and fragment in err, err
+    one_line_error(capsys, ["train", "--quiet", "--out", "/nonexistent/never",
+                            *sets("dataset=text", "model=transformer", *overrides)], fragment)
