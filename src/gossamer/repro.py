@@ -144,7 +144,7 @@ def decentralized_adam(scale: str, quick: bool) -> Suite:
     return suite
 
 
-CHOCO_GAMMA = 0.05  # CHOCO's consensus step for top-1 % in the heterogeneous suite (docs/results.md)
+CHOCO_GAMMA = 0.05  # CHOCO's consensus step for top-1 % in the heterogeneous suite (a sweep: docs/results.md)
 
 
 def heterogeneous(scale: str, quick: bool) -> Suite:
@@ -155,7 +155,7 @@ def heterogeneous(scale: str, quick: bool) -> Suite:
         suite = Suite(f"heterogeneous (paper scale): CIFAR-10 ResNet-20, ring, n = {n}, Dirichlet α", [],
                       base_file=KONG_CIFAR)
     else:
-        suite = Suite(f"heterogeneous: ring, n = {n}, Dirichlet α", _base(quick, 2 if quick else 10))
+        suite = Suite(f"heterogeneous: ring, n = {n}, Dirichlet α", _base(quick, 2 if quick else 20))
     ring = ["topology=ring"]
     algorithms = [("All-Reduce", ["algorithm=allreduce"]),
                   ("D-SGD", ["algorithm=gossip", *ring]),
