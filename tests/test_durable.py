@@ -66,6 +66,9 @@ CASES = {
     "hierarchical": ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2"],
     "gossip-controlled-run-dir": ["algorithm=gossip", "phases=[controlled,allreduce]", "phase_epochs=[1]",
                                   "consensus.target=run:{ref}", "consensus.factor=0.5", "momentum=0.9"],
+    "gossip-frequency-sharpness": ["algorithm=gossip", "local_steps=2", "consensus.target=constant",
+                                   "consensus.value=0.1", "consensus.action=frequency", "consensus.max_local_steps=6",
+                                   "sharpness=true", "sharpness_samples=200"],
     "diloco": ["algorithm=diloco", "local_steps=5"],
     "adam": ["algorithm=local", "local_steps=2", "optimizer=adam", "lr=0.003"],
 }

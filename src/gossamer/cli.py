@@ -24,6 +24,7 @@ from .codecs import CODECS
 from .config import KINDS, ConfigError, from_dict, load_config
 from .report import (COMPARED, RunDir, comparison_table, load_checkpoint, read_summary, reference_trajectory,
                      saved_config)
+from .repro import SUITES, run_suite
 from .topology import TOPOLOGIES, analyse, build_topology
 from .train import Diverged, Interrupted, build_run, train
 
@@ -197,9 +198,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_repro(args) -> int:
-    """A paper experiment suite: every variant × seed, then results.md and a Ξ² plot."""
-    from .repro import run_suite
-
+    """A paper experiment suite: every variant × seed, then results.md and its plots."""
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
@@ -239,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true",
                    help="replace the run in a non-empty --out (at the new run's first checkpoint)")
     t.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR from its last checkpoint "
-                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger)")
+                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger "
+                   "and the sharpness keys)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -260,8 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
 
-    r = sub.add_parser("repro", help="the papers' experiments at small scale: ring-scaling, consensus-phases")
-    r.add_argument("suite", choices=["ring-scaling", "consensus-phases"])
+    r = sub.add_parser("repro", help=f"the papers' experiments at small scale: {', '.join(SUITES)}")
+    r.add_argument("suite", choices=list(SUITES))
     r.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std over them)")
     r.add_argument("--out", help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
     r.add_argument("--quick", action="store_true", help="tiny smoke-test version (under a minute)")

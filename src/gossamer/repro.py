@@ -1,8 +1,10 @@
 """``gossamer repro``: the papers' experiments at a scale two CPU cores can run.
 
 A suite is a list of variants (config overrides) run for several seeds on MNIST-1D with the
-1-D CNN; it writes every run, ``results.md`` (mean ± std over seeds) and a plot of Ξ² over
-training with the learning-rate phases marked.
+1-D CNN; it writes every run, ``results.md`` (mean ± std over seeds), a plot of Ξ² over
+training with the learning-rate phases marked and one of test accuracy against communication
+(and against sharpness, where measured). Suites: ``ring-scaling`` and ``consensus-phases``
+(Kong et al.), ``local-sgd`` (Lin et al.).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from .config import load_config
-from .report import plot_consensus, read_summary
+from .report import plot_consensus, plot_tradeoff, read_summary
 
 
 @dataclass
@@ -24,6 +26,7 @@ class Variant:
     name: str
     overrides: list[str]
     workers: int
+    reference: str | None = None  # the variant that ``{ref}`` names, if not the suite's reference
 
 
 @dataclass
@@ -68,19 +71,50 @@ def consensus_phases(quick: bool) -> Suite:
         Variant("dec-phase-2", [*gossip, "phases=[allreduce,gossip,allreduce]"], n),
         Variant("dec-phase-3", [*gossip, "phases=[allreduce,allreduce,gossip]"], n),
     ]
-    for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25)):
-        suite.variants.append(Variant(
-            f"ctrl-phase-1 c={label}",
-            [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}",
-             f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
+    controlled = [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}"]
+    for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25), ("1/8", 0.125), ("1/16", 0.0625)):
+        suite.variants.append(Variant(f"ctrl-phase-1 c={label}",
+                                      [*controlled, f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
+    # control by frequency can only lengthen the gossip period beyond D-SGD's one step, so its
+    # targets are fractions of the distance of a ring that gossips every 16 steps
+    local = [*gossip, f"local_steps={FREQUENCY_MAX}"]
+    suite.variants += [
+        Variant(f"ring H={FREQUENCY_MAX}", local, n),
+        Variant(f"dec-phase-1 H={FREQUENCY_MAX}", [*local, "phases=[gossip,allreduce,allreduce]"], n),
+        *[Variant(f"freq-phase-1 c={label}", [*controlled, f"consensus.factor={c}", "consensus.action=frequency",
+                                              f"consensus.max_local_steps={FREQUENCY_MAX}"], n,
+                  reference=f"ring H={FREQUENCY_MAX}") for label, c in (("1/2", 0.5), ("1/4", 0.25))],
+    ]
     return suite
 
 
-SUITES: dict[str, Callable[[bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases}
+FREQUENCY_MAX = 16  # the longest gossip period of the frequency-controlled variants (and their reference)
+
+
+def local_sgd(quick: bool) -> Suite:
+    """Lin et al.'s generalization study at equal global batch n·B: small-batch SGD (one worker,
+    batch B), large-batch SGD (All-Reduce, n workers), local SGD and post-local SGD (switch at
+    the first decay) with H = 4 and 16, hierarchical local SGD; test accuracy, sharpness of x̄
+    (the top Hessian eigenvalue of the training loss) and communication rounds."""
+    n = 4 if quick else 16
+    suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), "sharpness=true"])
+    suite.variants = [
+        Variant("small-batch (1 worker)", ["algorithm=allreduce"], 1),
+        Variant(f"large-batch (All-Reduce, n={n})", ["algorithm=allreduce"], n),
+        *[Variant(f"local H={h}", ["algorithm=local", f"local_steps={h}"], n) for h in (4, 16)],
+        *[Variant(f"post-local H={h}", ["algorithm=post-local", f"local_steps={h}"], n) for h in (4, 16)],
+        Variant("hierarchical H=4, H_b=4, blocks of 4" if not quick else "hierarchical H=4, H_b=4, blocks of 2",
+                ["algorithm=hierarchical", "local_steps=4", "block_rounds=4", f"block_size={2 if quick else 4}"], n),
+    ]
+    return suite
+
+
+SUITES: dict[str, Callable[[bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
+                                              "local-sgd": local_sgd}
 
 
 def _slug(name: str) -> str:
-    return name.replace(" ", "_").replace("=", "").replace("/", "-")
+    return name.replace(" ", "_").replace("=", "").replace("/", "-").replace(",", "").replace("(", "").replace(")", "")
 
 
 def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
@@ -107,7 +141,8 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
                                              *[o.replace("{ref}", "REF") for o in v.overrides]])
     for seed in range(seeds):
         for v in suite.variants:
-            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
+            reference = v.reference or suite.reference
+            ref = out / f"{_slug(reference)}-seed{seed}" if reference else ""
             overrides = [*suite.base, f"workers={v.workers}", f"seed={seed}",
                          *[o.replace("{ref}", str(ref)) for o in v.overrides]]
             log(f"[{name}] seed {seed}: {v.name}")
@@ -116,6 +151,8 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     results.write_text(_results_table(suite, configs, out, seeds, name, quick))
     plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
                    configs[suite.variants[0].name].milestones, out / "consensus.png", suite.title)
+    plot_tradeoff({v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)]
+                   for v in suite.variants}, out / "tradeoff.png", suite.title)
     return results
 
 
@@ -124,23 +161,29 @@ def _mean_std(values: list[float], fmt: str) -> str:
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
 
 
+OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_saved", "gossip rounds saved", "{:.0f}")]
+"""Summary keys shown, as (key, heading, format), where a run of the suite has them ("—": a variant without)."""
+
+
 def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, name: str, quick: bool) -> str:
     boundaries = configs[suite.variants[0].name].milestones
     phases = len(boundaries) + 1
+    summaries = {v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)] for v in suite.variants}
+    optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in s for runs in summaries.values() for s in runs)]
     head = ["variant", "test acc (x̄)", *[f"mean Ξ² phase {k + 1}" for k in range(phases)],
-            "comm rounds", "extra gossip rounds"]
+            "comm rounds", "extra gossip rounds", *[heading for _, heading, _ in optional]]
     lines = [f"# {suite.title}", "",
              f"Command: `gossamer repro {name} --seeds {seeds}{' --quick' if quick else ''}"
              f"{''.join(' --set ' + o for o in suite.base[len(SUITES[name](quick).base):])}`; "
              f"mean ± std over {seeds} seed(s). Base config: `{' '.join(suite.base)}`.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
-        runs = [out / f"{_slug(v.name)}-seed{s}" for s in range(seeds)]
-        summaries = [read_summary(r) for r in runs]
-        per_phase = [phase_means(r / "metrics.jsonl", boundaries) for r in runs]
-        cells = [v.name, _mean_std([s["test_accuracy"] for s in summaries], "{:.4f}"),
+        runs = summaries[v.name]
+        per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in range(seeds)]
+        cells = [v.name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
-                 _mean_std([s["comm_rounds"] for s in summaries], "{:.0f}"),
-                 _mean_std([s["extra_gossip_rounds"] for s in summaries], "{:.0f}")]
+                 _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
+                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
+                 *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n"
+    return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n![test accuracy against communication](tradeoff.png)\n"

@@ -27,6 +27,7 @@ from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_ind
 from .engines import Engine, build_engine
 from .models import build_model, no_decay_mask
 from .optim import OPTIMIZERS, decay_vector
+from .sharpness import model_sharpness
 from .tasks import TASKS, Task
 from .workers import WorkerMatrix
 
@@ -82,6 +83,7 @@ class Progress:
 
     grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
     extra_gossip_rounds: int = 0
+    gossip_rounds_saved: int = 0  # by frequency control, against its fixed period
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -103,6 +105,9 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     task = TASKS[data.task]
     engine = engine or build_engine(cfg, device)
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+    if cfg.sharpness and (cfg.sharpness_samples or 0) > len(data.y_train):
+        raise ConfigError(f"sharpness_samples ({cfg.sharpness_samples}) must be at most the {len(data.y_train)} "
+                          f"samples of the training set")
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)
               if cfg.partition == "dirichlet" else None)
     torch.manual_seed(cfg.seed)
@@ -144,16 +149,31 @@ def epoch_indices(run: Run, epoch: int) -> torch.Tensor:
     return idx.to(run.data.y_train.device)
 
 
-def evaluate(run: Run) -> dict[str, float]:
+def evaluate(run: Run, step: int) -> dict[str, float]:
     """The task's test metrics of the averaged model x̄ (with averaged buffers), and their mean
-    over the local models (``*_local_mean``)."""
-    w, e, d = run.workers, run.engine, run.data
+    over the local models (``*_local_mean``); with ``sharpness``, the top Hessian eigenvalue of
+    the training loss at x̄ (after ``step`` steps)."""
+    w, e, d, cfg = run.workers, run.engine, run.data, run.cfg
     x_bar, b_bar = e.mean_row(w.X), e.mean_row(w.B)
     metrics = run.task.evaluate(w.model_at(x_bar, b_bar), d.x_test, d.y_test)
     local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in range(w.m)]
     for key in list(metrics):
         metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local], dtype=torch.float64))
+    if cfg.sharpness:
+        subset = sharpness_subset(cfg, len(d.y_train)).to(d.y_train.device)
+        metrics["sharpness"] = model_sharpness(w, x_bar, b_bar, d.x_train[subset], d.y_train[subset],
+                                               cfg.sharpness_iterations, seed=_batch_seed(cfg.seed, step))
     return metrics
+
+
+SHARPNESS_SAMPLES = 1000  # the default subset: this many training samples, or all if fewer
+
+
+def sharpness_subset(cfg: Config, n_train: int) -> torch.Tensor:
+    """The training samples sharpness is measured on: the first ``sharpness_samples`` (default
+    :data:`SHARPNESS_SAMPLES`) of a permutation seeded by the run's seed, the same at every evaluation."""
+    size = cfg.sharpness_samples or min(SHARPNESS_SAMPLES, n_train)
+    return torch.randperm(n_train, generator=torch.Generator().manual_seed(cfg.seed))[:size]
 
 
 def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t: int, lr: float,
@@ -172,6 +192,7 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     run.optimizer.step(w.X, w.G, lr)
     metrics = run.schedule.after_step(e, w.X, step)
     progress.extra_gossip_rounds += metrics.get("extra_gossip_rounds", 0)
+    progress.gossip_rounds_saved += metrics.get("gossip_rounds_saved", 0)
     if not measure:
         return metrics
     loss = e.mean_scalar(losses)
@@ -220,7 +241,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
         if measure:
             row = metrics
         if evaluating:
-            row.update(evaluate(run))
+            row.update(evaluate(run, t + 1))
             row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
             bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
                             xi2=f"{row['consensus_distance_sq']:.2e}")
@@ -235,13 +256,15 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             bar.close()
             raise Interrupted(t + 1)
     bar.close()
-    final = {k: v for k, v in row.items() if k.startswith("test_")}
+    final = {k: v for k, v in row.items() if k.startswith("test_") or k == "sharpness"}
+    frequency = getattr(cfg, "consensus", None) and cfg.consensus.action == "frequency"
     return {
         **final,
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
         **e.comm.summary(),
         "extra_gossip_rounds": state.extra_gossip_rounds,
+        **({"gossip_rounds_saved": state.gossip_rounds_saved} if frequency else {}),
         "steps": cfg.epochs * S,
         "parameters": w.d,
         "wall_seconds": time.perf_counter() - start,
