@@ -156,13 +156,14 @@ FREQUENCY = ["algorithm=gossip", "consensus.target=constant", "consensus.action=
 FREQUENCY_KEYS = ("gossip_period", "consensus_target", "consensus_distance_sq_before_round", "gossip_rounds_saved")
 
 
-def test_frequency_rule_halves_above_the_target_lengthens_well_below_it_and_holds_in_between():
-    control = FrequencyControl(lambda step: 1.0, fixed=5, max_local_steps=6)
+def test_frequency_rule_halves_above_the_target_lengthens_with_room_for_one_more_step_and_holds_in_between():
+    """Lengthen H only if Ξ² ≤ target²·H/(H + 1): at H = 2 below Ξ = 0.8165, at H = 3 below 0.8660."""
+    control = FrequencyControl(lambda step: 1.0, fixed=2, max_local_steps=4)
     periods = []
-    for xi in (1.1, 0.9, 0.6, 0.5, 0.1, 0.1, 0.1, 1e-9, 1e3, 2.0, 3.0, 0.7):
+    for xi in (0.82, 0.81, 0.87, 0.86, 0.1, 1.01, 1.5, 5.0, 0.7, 1.0):
         control.adapt(xi**2, target=1.0)
         periods.append(control.period)
-    assert periods == [2, 2, 2, 3, 4, 5, 6, 6, 3, 1, 1, 1]
+    assert periods == [2, 3, 3, 4, 4, 2, 1, 1, 2, 2]
 
 
 def test_frequency_control_with_a_target_of_0_is_d_sgd_step_for_step():

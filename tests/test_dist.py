@@ -34,7 +34,7 @@ PARITY_CASES = [
                        "phase_epochs=[0.5]"]),
     ("gossip-local-mix-then-step", ["algorithm=gossip", "topology=ring", "local_steps=3",
                                     "gossip_form=mix-then-step"]),
-    # H_t goes 2, 3, 1, 2 here (decisions 3 % or more from their thresholds, so rounding cannot flip them)
+    # H_t goes 2, 3, 1, 2 here (every decision 0.7 % or more from its threshold: float64 rounding cannot flip it)
     ("gossip-frequency", ["algorithm=gossip", "topology=one-peer-exponential", "local_steps=2",
                           "consensus.target=constant", "consensus.value=0.1", "consensus.action=frequency",
                           "consensus.max_local_steps=6", "sharpness=true", "sharpness_samples=200"]),

@@ -251,13 +251,13 @@ class Decentralized:
     def _frequency_controlled(self, k: int) -> bool:
         return self.frequency is not None and self.modes[k] == "controlled"
 
-    def period(self, k: int) -> int:
+    def _period(self, k: int) -> int:
         """The gossip period H_t in phase k (a decentralized one)."""
         return self.frequency.period if self._frequency_controlled(k) else self.local_steps
 
     def _communicates(self, k: int) -> bool:
         """Whether this step (of decentralized phase k) ends its period with a gossip round."""
-        return self.since_round + 1 >= self.period(k)
+        return self.since_round + 1 >= self._period(k)
 
     def _round(self, engine, X: torch.Tensor, measure: bool = False) -> torch.Tensor | None:
         mixing = self.topology.mixing(self.rounds)

@@ -79,8 +79,7 @@ class Config:
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
     logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
     sharpness: bool = False  # at each evaluation, the top Hessian eigenvalue of the training loss at x̄
-    sharpness_samples: int | None = None  # the fixed subset of training samples it is taken over; None: 1000
-    # (or the whole training set if smaller)
+    sharpness_samples: int | None = None  # the fixed training subset it is taken over (None: 1000, or all if fewer)
     sharpness_iterations: int = 20  # power iterations (Hessian-vector products)
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 

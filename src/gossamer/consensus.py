@@ -158,16 +158,17 @@ class FrequencyControl:
     of the period, after H_t local steps — Ξ is probed (an all-reduce of d values, measurement
     traffic) and compared with target_t; the next period is
 
-        H ← max(1, ⌊H / 2⌋)                 if Ξ > target      (too far apart: halve),
-        H ← min(max_local_steps, H + 1)      if Ξ ≤ target / 2  (well below: one step longer),
+        H ← max(1, ⌊H / 2⌋)                 if Ξ > target                 (too far apart: halve),
+        H ← min(max_local_steps, H + 1)      if Ξ² ≤ target² · H / (H + 1)  (room for one more step),
         H unchanged                          otherwise.
 
-    Additive increase, multiplicative decrease, with the hysteresis band (target/2, target] in
-    which H stays: the drift of H local steps grows at most linearly in H, so one more step
-    (H + 1 ≤ 2H) at most doubles Ξ and a period lengthened from Ξ ≤ target/2 does not overshoot
-    the target; a steady target does not make H flip between two values. A target of 0 keeps
-    H = 1 (D-SGD, one round per step); an unreachable target lengthens H by one per round up to
-    the maximum.
+    Additive increase, multiplicative decrease, with a hysteresis band (target·sqrt(H/(H+1)),
+    target] in which H holds. The band is where one more local step would likely overshoot: the
+    stochastic-gradient drift between rounds adds up in squares, so Ξ² grows about linearly with
+    the period, and a period lengthened from Ξ² ≤ target²·H/(H+1) stays under the target
+    (heterogeneous data can grow Ξ faster; an overshoot is then halved at the next round). A
+    steady target does not make H flip between two values. A target of 0 keeps H = 1 (D-SGD, a
+    round every step); an unreachable target lengthens H by one per round up to the maximum.
 
     Rounds saved are counted against a fixed period H = ``fixed`` (the configured
     ``local_steps``) over the same controlled steps: ``fixed_since`` is that schedule's count of
@@ -185,10 +186,9 @@ class FrequencyControl:
 
     def adapt(self, xi_sq: float, target: float) -> None:
         """The next period, from Ξ² just before the round and the step's target."""
-        xi = math.sqrt(max(xi_sq, 0.0))
-        if xi > target:
+        if math.sqrt(max(xi_sq, 0.0)) > target:
             self.period = max(1, self.period // 2)
-        elif xi <= target / 2:
+        elif xi_sq * (self.period + 1) <= target**2 * self.period:
             self.period = min(self.max_local_steps, self.period + 1)
 
     def rounds_saved(self, communicated: bool, controlled: bool) -> int:

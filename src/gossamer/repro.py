@@ -26,7 +26,6 @@ class Variant:
     name: str
     overrides: list[str]
     workers: int
-    reference: str | None = None  # the variant that ``{ref}`` names, if not the suite's reference
 
 
 @dataclass
@@ -71,24 +70,26 @@ def consensus_phases(quick: bool) -> Suite:
         Variant("dec-phase-2", [*gossip, "phases=[allreduce,gossip,allreduce]"], n),
         Variant("dec-phase-3", [*gossip, "phases=[allreduce,allreduce,gossip]"], n),
     ]
-    controlled = [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}"]
     for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25), ("1/8", 0.125), ("1/16", 0.0625)):
-        suite.variants.append(Variant(f"ctrl-phase-1 c={label}",
-                                      [*controlled, f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
-    # control by frequency can only lengthen the gossip period beyond D-SGD's one step, so its
-    # targets are fractions of the distance of a ring that gossips every 16 steps
-    local = [*gossip, f"local_steps={FREQUENCY_MAX}"]
+        suite.variants.append(Variant(
+            f"ctrl-phase-1 c={label}",
+            [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}",
+             f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
+    # control by frequency can only lengthen the gossip period beyond D-SGD's one step: a fraction
+    # c < 1 of D-SGD's own distance would keep H = 1, so these follow c × η_t·sqrt(EMA φ²)/p,
+    # the on-the-fly reading of "c × φ^ema", which lies above the ring's distance
     suite.variants += [
-        Variant(f"ring H={FREQUENCY_MAX}", local, n),
-        Variant(f"dec-phase-1 H={FREQUENCY_MAX}", [*local, "phases=[gossip,allreduce,allreduce]"], n),
-        *[Variant(f"freq-phase-1 c={label}", [*controlled, f"consensus.factor={c}", "consensus.action=frequency",
-                                              f"consensus.max_local_steps={FREQUENCY_MAX}"], n,
-                  reference=f"ring H={FREQUENCY_MAX}") for label, c in (("1/2", 0.5), ("1/4", 0.25))],
+        Variant(f"dec-phase-1 H={FREQUENCY_MAX}", [*gossip, f"local_steps={FREQUENCY_MAX}",
+                                                  "phases=[gossip,allreduce,allreduce]"], n),
+        *[Variant(f"freq-phase-1 c={label}", [*gossip, "phases=[controlled,allreduce,allreduce]",
+                                              "consensus.target=gradient", f"consensus.factor={c}",
+                                              "consensus.action=frequency", f"consensus.max_local_steps={FREQUENCY_MAX}"],
+                  n) for label, c in (("1/2", 0.5), ("1/4", 0.25))],
     ]
     return suite
 
 
-FREQUENCY_MAX = 16  # the longest gossip period of the frequency-controlled variants (and their reference)
+FREQUENCY_MAX = 16  # the longest gossip period of the frequency-controlled variants
 
 
 def local_sgd(quick: bool) -> Suite:
@@ -141,8 +142,7 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
                                              *[o.replace("{ref}", "REF") for o in v.overrides]])
     for seed in range(seeds):
         for v in suite.variants:
-            reference = v.reference or suite.reference
-            ref = out / f"{_slug(reference)}-seed{seed}" if reference else ""
+            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
             overrides = [*suite.base, f"workers={v.workers}", f"seed={seed}",
                          *[o.replace("{ref}", str(ref)) for o in v.overrides]]
             log(f"[{name}] seed {seed}: {v.name}")

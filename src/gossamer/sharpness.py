@@ -21,6 +21,14 @@ import torch
 from torch.func import functional_call
 
 HVP_CHUNK = 512  # samples per Hessian-vector product pass (memory: one double backward of a chunk)
+SAMPLES = 1000  # the default subset: this many training samples, or all of them if fewer
+
+
+def training_subset(n_train: int, samples: int | None, seed: int) -> torch.Tensor:
+    """The indices of the training samples the loss is taken over: the first ``samples`` (default
+    :data:`SAMPLES`) of a permutation seeded by ``seed``, the same at every evaluation of a run."""
+    size = samples or min(SAMPLES, n_train)
+    return torch.randperm(n_train, generator=torch.Generator().manual_seed(seed))[:size]
 
 
 def top_eigenvalue(hvp: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, iterations: int) -> float:

@@ -27,7 +27,7 @@ from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_ind
 from .engines import Engine, build_engine
 from .models import build_model, no_decay_mask
 from .optim import OPTIMIZERS, decay_vector
-from .sharpness import model_sharpness
+from .sharpness import model_sharpness, training_subset
 from .tasks import TASKS, Task
 from .workers import WorkerMatrix
 
@@ -160,20 +160,10 @@ def evaluate(run: Run, step: int) -> dict[str, float]:
     for key in list(metrics):
         metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local], dtype=torch.float64))
     if cfg.sharpness:
-        subset = sharpness_subset(cfg, len(d.y_train)).to(d.y_train.device)
+        subset = training_subset(len(d.y_train), cfg.sharpness_samples, cfg.seed).to(d.y_train.device)
         metrics["sharpness"] = model_sharpness(w, x_bar, b_bar, d.x_train[subset], d.y_train[subset],
                                                cfg.sharpness_iterations, seed=_batch_seed(cfg.seed, step))
     return metrics
-
-
-SHARPNESS_SAMPLES = 1000  # the default subset: this many training samples, or all if fewer
-
-
-def sharpness_subset(cfg: Config, n_train: int) -> torch.Tensor:
-    """The training samples sharpness is measured on: the first ``sharpness_samples`` (default
-    :data:`SHARPNESS_SAMPLES`) of a permutation seeded by the run's seed, the same at every evaluation."""
-    size = cfg.sharpness_samples or min(SHARPNESS_SAMPLES, n_train)
-    return torch.randperm(n_train, generator=torch.Generator().manual_seed(cfg.seed))[:size]
 
 
 def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t: int, lr: float,
