@@ -1,21 +1,25 @@
-"""The repro suites in their --quick form: every variant runs, results.md and the plot appear."""
+"""The repro suites: their --quick form runs every variant and writes results.md and the plot; the
+paper scale runs the shipped configs/paper files, checked and estimated before anything trains."""
 
 import pytest
 import yaml
 
+from conftest import write_cifar
 from gossamer.cli import main
-from gossamer.repro import SUITES
+from gossamer.config import load_config
+from gossamer.repro import PAPER_CONFIGS, SUITES, build_suite
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     out = tmp_path / suite
     assert main(["repro", suite, "--quick", "--out", str(out), "--set", "weight_decay=0"]) == 0
+    assert "sample gradients; ≈" in capsys.readouterr().out  # the estimated work, printed first
     table = (out / "results.md").read_text()
     assert f"gossamer repro {suite} --seeds 1 --quick --set weight_decay=0`" in table
     for run in (p for p in out.iterdir() if p.is_dir()):  # the override reached every run
         assert yaml.safe_load((run / "config.yaml").read_text())["weight_decay"] == 0
-    for variant in SUITES[suite](True).variants:
+    for variant in build_suite(suite, "cpu", quick=True).variants:
         assert f"| {variant.name} |" in table
     assert (out / "consensus.png").stat().st_size > 10_000 and (out / "tradeoff.png").stat().st_size > 10_000
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
@@ -32,3 +36,73 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     if suite == "local-sgd":  # every run measured the sharpness of x̄; local SGD communicated less
         assert all(mean(v, "sharpness (x̄)") > 0 for v in rows)
         assert mean("local H=16", "comm rounds") < mean("large-batch (All-Reduce, n=4)", "comm rounds")
+    if suite == "decentralized-adam":  # a language model: test loss and perplexity, no accuracy
+        assert "test loss (x̄) | test ppl (x̄)" in table and "test acc" not in table
+        assert mean("allreduce adam", "mean Ξ² phase 1") < 1e-9  # All-Reduce keeps Ξ² at 0
+        assert mean("ring adam, local moments", "mean Ξ² phase 1") > 1e-6
+
+
+# the shipped file that each paper-scale variant is (up to the reference run of controlled ones)
+PAPER_FILES = {
+    ("ring-scaling", "allreduce n=32"): "kong2021-cifar10-resnet20-allreduce.yaml",
+    ("ring-scaling", "ring n=32"): "kong2021-cifar10-resnet20-ring.yaml",
+    ("ring-scaling", "one-peer-exp n=32"): "kong2021-cifar10-resnet20-exponential.yaml",
+    ("consensus-phases", "dec-phase-1"): "kong2021-cifar10-resnet20-dec-phase-1.yaml",
+    ("consensus-phases", "dec-phase-2"): "kong2021-cifar10-resnet20-dec-phase-2.yaml",
+    ("consensus-phases", "dec-phase-3"): "kong2021-cifar10-resnet20-dec-phase-3.yaml",
+    ("consensus-phases", "ctrl-phase-1 c=1/4"): "kong2021-cifar10-resnet20-phase1-control.yaml",
+    ("decentralized-adam", "allreduce adam"): "kong2021-decentralized-adam.yaml",
+    ("decentralized-adam", "ring adam, local moments"): "kong2021-decentralized-adam-ring.yaml",
+    ("decentralized-adam", "ring adam, moments averaged"): "kong2021-decentralized-adam-ring-averaged-moments.yaml",
+}
+
+
+@pytest.mark.parametrize("suite, variant", sorted(PAPER_FILES))
+def test_paper_scale_runs_the_shipped_configs(suite, variant):
+    s = build_suite(suite, "paper")
+    v = next(v for v in s.variants if v.name == variant)
+    shipped = load_config(PAPER_CONFIGS / PAPER_FILES[suite, variant], ["consensus.target=run:REF"]
+                          if "control" in PAPER_FILES[suite, variant] else [])
+    assert s.config(v).to_dict() == shipped.to_dict()
+
+
+def test_every_paper_config_loads_with_the_papers_values():
+    files = sorted(PAPER_CONFIGS.glob("*.yaml"))
+    assert len(files) == 14
+    for path in files:
+        text = path.read_text()
+        assert text.startswith("# ") and ("Lin" in text or "Kong" in text)  # names its source
+        cfg = load_config(path)
+        if path.name.startswith("lin2020"):  # K = 16, B = 128, peak lr 0.1 per 64 samples = 3.2
+            assert (cfg.workers, cfg.batch_size, cfg.lr * cfg.workers) == (16, 128, 3.2)
+        if "cifar10" in path.name:
+            assert (cfg.model, cfg.dataset, cfg.epochs, cfg.milestones, cfg.warmup_epochs) == \
+                ("resnet20", "cifar10", 300, [150.0, 225.0], 5.0)
+            assert (cfg.momentum, cfg.nesterov, cfg.weight_decay) == (0.9, True, 1e-4)
+        if path.name.startswith("kong2021-cifar10"):  # local batch 32, lr 0.05 n
+            assert (cfg.batch_size, cfg.lr) == (32, 0.05)
+    assert load_config(PAPER_CONFIGS / "lin2020-cifar10-resnet20-post-local-sgd.yaml").switch_epoch == 150
+    assert "unconfirmed" in (PAPER_CONFIGS / "lin2020-cifar10-resnet20-hierarchical.yaml").read_text()
+
+
+def test_paper_scale_dry_run_prints_the_work_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GOSSAMER_DATA", str(write_cifar(tmp_path / "data", train=3200, test=100)))
+    out = tmp_path / "never"
+    assert main(["repro", "ring-scaling", "--scale", "paper", "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # n = 16, 32, 64: 300 epochs of 3200 images, 6, 3, 1 steps of 32 per worker; 3 variants each
+    assert "9 variants × 1 seed(s): 9,000 steps, 7,372,800 sample gradients" in printed
+    assert not out.exists()
+    assert main(["repro", "ring-scaling", "--scale", "paper", "--quick"]) == 2
+    monkeypatch.setenv("GOSSAMER_DATA", str(tmp_path / "nothing"))
+    assert main(["repro", "consensus-phases", "--scale", "paper", "--dry-run", "--set", "download=false"]) == 2
+    assert "CIFAR-10 (cifar-10-batches-bin/" in capsys.readouterr().err
+
+
+def test_local_sgd_at_paper_scale_is_lins_mini_batch_config_measuring_sharpness():
+    suite = build_suite("local-sgd", "paper")
+    large = next(v for v in suite.variants if v.name == "large-batch (All-Reduce, n=16)")
+    shipped = load_config(PAPER_CONFIGS / "lin2020-cifar10-resnet20-minibatch.yaml", ["sharpness=true"])
+    assert suite.config(large).to_dict() == shipped.to_dict()
+    post = next(v for v in suite.variants if v.name == "post-local H=16")
+    assert (suite.config(post).algorithm, suite.config(post).local_steps) == ("post-local", 16)

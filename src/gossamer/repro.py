@@ -1,10 +1,17 @@
-"""``gossamer repro``: the papers' experiments at a scale two CPU cores can run.
+"""``gossamer repro``: the papers' experiments, at the papers' scale or at a scale two CPU cores run.
 
-A suite is a list of variants (config overrides) run for several seeds on MNIST-1D with the
-1-D CNN; it writes every run, ``results.md`` (mean ± std over seeds), a plot of Ξ² over
-training with the learning-rate phases marked and one of test accuracy against communication
-(and against sharpness, where measured). Suites: ``ring-scaling`` and ``consensus-phases``
-(Kong et al.), ``local-sgd`` (Lin et al.).
+A suite is a list of variants (config overrides) run for several seeds; it writes every run,
+``results.md`` (mean ± std over seeds of the test metrics, Ξ² per learning-rate phase,
+communication, and where measured the sharpness of x̄ and the rounds frequency control saved), a
+plot of Ξ² over training with the phases marked and one of the test metric against communication
+(and against sharpness, where measured). Suites: ``ring-scaling``, ``consensus-phases`` and
+``decentralized-adam`` (Kong et al.), ``local-sgd`` (Lin et al.).
+
+Scales: ``cpu`` (the default) runs each suite on a small workload from a base list of overrides
+(MNIST-1D and the 1-D CNN; the character Transformer on the offline ``pydoc-topics`` text for
+``decentralized-adam``), ``--quick`` a smoke-test version of it; ``paper`` runs the same
+variants on top of the papers' configurations in ``configs/paper/`` (CIFAR-10 ResNet-20, meant
+for GPUs). The estimated work is printed before anything trains.
 """
 
 from __future__ import annotations
@@ -15,8 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import load_config
-from .report import plot_consensus, plot_tradeoff, read_summary
+import torch
+
+from .config import Config, ConfigError, load_config
+from .report import plot_consensus, plot_tradeoff, read_summary, test_metrics
+
+SCALES = ("cpu", "paper")
+PAPER_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "paper"
 
 
 @dataclass
@@ -31,9 +43,20 @@ class Variant:
 @dataclass
 class Suite:
     title: str
-    base: list[str]  # overrides shared by every variant
+    base: list[str]  # overrides shared by every variant (applied to base_file, if any)
     variants: list[Variant] = field(default_factory=list)
     reference: str | None = None  # name of the variant whose run controlled variants follow
+    base_file: str | None = None  # paper scale: the configs/paper file every variant starts from
+
+    def config(self, v: Variant, seed: int = 0, ref: str = "REF") -> Config:
+        """The config of variant ``v`` for one seed (``ref``: the reference run's directory)."""
+        path = None
+        if self.base_file is not None:
+            path = PAPER_CONFIGS / self.base_file
+            if not path.is_file():
+                raise ConfigError(f"--scale paper reads {path}, which is missing: run from a source checkout of gossamer")
+        return load_config(path, [*self.base, f"workers={v.workers}", f"seed={seed}",
+                                  *[o.replace("{ref}", ref) for o in v.overrides]])
 
 
 def _base(quick: bool, epochs: int) -> list[str]:
@@ -45,10 +68,17 @@ def _base(quick: bool, epochs: int) -> list[str]:
             "weight_decay=1e-4", "eval_every=5", "model=cnn1d"]
 
 
-def ring_scaling(quick: bool) -> Suite:
+KONG_CIFAR = "kong2021-cifar10-resnet20-allreduce.yaml"
+
+
+def ring_scaling(scale: str, quick: bool) -> Suite:
     """All-Reduce vs ring vs one-peer exponential graph as n grows (Kong et al.: the gap grows with n)."""
     sizes = (4, 8) if quick else (16, 32, 64)  # quick: 1000 samples leave 100 per worker at n = 8
-    suite = Suite("ring-scaling: test accuracy and Ξ² as n grows", _base(quick, 4 if quick else 40))
+    if scale == "paper":
+        suite = Suite("ring-scaling (paper scale): CIFAR-10 ResNet-20, test accuracy and Ξ² as n grows", [],
+                      base_file=KONG_CIFAR)
+    else:
+        suite = Suite("ring-scaling: test accuracy and Ξ² as n grows", _base(quick, 4 if quick else 40))
     for n in sizes:
         suite.variants += [
             Variant(f"allreduce n={n}", ["algorithm=allreduce"], n),
@@ -58,10 +88,14 @@ def ring_scaling(quick: bool) -> Suite:
     return suite
 
 
-def consensus_phases(quick: bool) -> Suite:
+def consensus_phases(scale: str, quick: bool) -> Suite:
     """Kong et al.'s phase study: which phase needs a small Ξ (ring, phases = lr phases)."""
     n = 8 if quick else 32
-    suite = Suite(f"consensus-phases: ring, n = {n}", _base(quick, 4 if quick else 40), reference="ring")
+    if scale == "paper":
+        suite = Suite(f"consensus-phases (paper scale): CIFAR-10 ResNet-20, ring, n = {n}", [], reference="ring",
+                      base_file=KONG_CIFAR)
+    else:
+        suite = Suite(f"consensus-phases: ring, n = {n}", _base(quick, 4 if quick else 40), reference="ring")
     gossip = ["algorithm=gossip", "topology=ring"]
     suite.variants = [
         Variant("allreduce", ["algorithm=allreduce"], n),
@@ -92,26 +126,142 @@ def consensus_phases(quick: bool) -> Suite:
 FREQUENCY_MAX = 16  # the longest gossip period of the frequency-controlled variants
 
 
-def local_sgd(quick: bool) -> Suite:
+def decentralized_adam(scale: str, quick: bool) -> Suite:
+    """Kong et al.: decentralized Adam with local moments vs All-Reduce Adam, and gossip with the
+    moments averaged (mixed with the parameters), on the character Transformer."""
+    n = 4 if quick else 16
+    if scale == "paper":
+        suite = Suite(f"decentralized-adam (paper scale, stand-in workload): char Transformer, ring, n = {n}", [],
+                      base_file="kong2021-decentralized-adam.yaml")
+    else:
+        epochs = 2 if quick else 16
+        # the offline pydoc-topics text (≈ 419 K training characters), windows of 64 characters;
+        # Adam with a warm-up and ×0.1 at 50 % and 75 % of training, as the SGD suites
+        size = ["text_chars=40000", "context=32", "width=32"] if quick else ["context=64", "width=64"]
+        suite = Suite(f"decentralized-adam: char Transformer, Adam, ring, n = {n}",
+                      ["dataset=text", "model=transformer", *size, "layers=2", "heads=4", "batch_size=16",
+                       f"epochs={epochs}", f"milestones=[{epochs / 2},{epochs * 3 / 4}]", "optimizer=adam",
+                       "lr=0.001", f"warmup_epochs={0 if quick else 1}", f"eval_every={1 if quick else 4}"])
+    gossip = ["algorithm=gossip", "topology=ring"]
+    suite.variants = [
+        Variant("allreduce adam", ["algorithm=allreduce"], n),
+        Variant("ring adam, local moments", gossip, n),
+        Variant("ring adam, moments averaged", [*gossip, "average_optimizer_state=true"], n),
+    ]
+    return suite
+
+
+def local_sgd(scale: str, quick: bool) -> Suite:
     """Lin et al.'s generalization study at equal global batch n·B: small-batch SGD (one worker,
     batch B), large-batch SGD (All-Reduce, n workers), local SGD and post-local SGD (switch at
     the first decay) with H = 4 and 16, hierarchical local SGD; test accuracy, sharpness of x̄
     (the top Hessian eigenvalue of the training loss) and communication rounds."""
     n = 4 if quick else 16
-    suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), "sharpness=true"])
+    if scale == "paper":
+        suite = Suite(f"local-sgd (paper scale): CIFAR-10 ResNet-20, equal global batch n·B, n = {n}",
+                      ["sharpness=true"], base_file="lin2020-cifar10-resnet20-minibatch.yaml")
+    else:
+        suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), "sharpness=true"])
+    block = 2 if quick else 4
     suite.variants = [
         Variant("small-batch (1 worker)", ["algorithm=allreduce"], 1),
         Variant(f"large-batch (All-Reduce, n={n})", ["algorithm=allreduce"], n),
         *[Variant(f"local H={h}", ["algorithm=local", f"local_steps={h}"], n) for h in (4, 16)],
         *[Variant(f"post-local H={h}", ["algorithm=post-local", f"local_steps={h}"], n) for h in (4, 16)],
-        Variant("hierarchical H=4, H_b=4, blocks of 4" if not quick else "hierarchical H=4, H_b=4, blocks of 2",
-                ["algorithm=hierarchical", "local_steps=4", "block_rounds=4", f"block_size={2 if quick else 4}"], n),
+        Variant(f"hierarchical H=4, H_b=4, blocks of {block}",
+                ["algorithm=hierarchical", "local_steps=4", "block_rounds=4", f"block_size={block}"], n),
     ]
     return suite
 
 
-SUITES: dict[str, Callable[[bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
-                                              "local-sgd": local_sgd}
+SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
+                                                   "decentralized-adam": decentralized_adam, "local-sgd": local_sgd}
+
+
+def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
+    if scale not in SCALES:
+        raise ConfigError(f"unknown scale '{scale}'; choose one of: {', '.join(SCALES)}")
+    if quick and scale != "cpu":
+        raise ConfigError("--quick is the smoke-test version of --scale cpu; it does not apply to --scale paper")
+    return SUITES[name](scale, quick)
+
+
+def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
+              overrides: list[str] = (), scale: str = "cpu", dry_run: bool = False) -> Path | None:
+    """Run every variant for every seed into ``out``; write results.md and the plots.
+
+    ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant. Every config
+    is checked and the estimated work printed before anything trains; ``dry_run`` stops there."""
+    suite = build_suite(name, scale, quick)
+    suite.base += list(overrides)
+    configs = {v.name: suite.config(v) for v in suite.variants}  # check every config before training anything
+    log(f"[{name}] {len(configs)} variants × {seeds} seed(s): {estimate_work(list(configs.values()), seeds)}")
+    if dry_run:
+        return None
+    for seed in range(seeds):
+        for v in suite.variants:
+            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
+            log(f"[{name}] seed {seed}: {v.name}")
+            train_run(suite.config(v, seed, str(ref)), out / f"{_slug(v.name)}-seed{seed}")
+    command = (f"gossamer repro {name} --seeds {seeds}{' --scale paper' if scale == 'paper' else ''}"
+               f"{' --quick' if quick else ''}{''.join(' --set ' + o for o in overrides)}")
+    results = out / "results.md"
+    results.write_text(_results_table(suite, configs, out, seeds, command))
+    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
+                   configs[suite.variants[0].name].milestones, out / "consensus.png", suite.title)
+    plot_tradeoff({v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)]
+                   for v in suite.variants}, out / "tradeoff.png", suite.title)
+    return results
+
+
+def estimate_work(configs: list[Config], seeds: int = 1) -> str:
+    """Steps, sample gradients and FLOPs of training and evaluating the runs of ``configs``, each
+    ``seeds`` times: matmul and convolution FLOPs of one sample counted by
+    ``torch.utils.flop_counter`` (forward + backward for training, forward for evaluation of x̄
+    and the n local models), times the samples. Communication and Ξ² are not counted."""
+    from .data import load_dataset
+    from .data.partition import steps_per_epoch
+
+    steps = samples = train_flops = eval_flops = 0
+    datasets: dict = {}
+    for cfg in configs:
+        data_key = (cfg.dataset, repr(cfg.options["dataset"]))
+        if data_key not in datasets:
+            datasets[data_key] = load_dataset(cfg)
+        data = datasets[data_key]
+        forward, forward_backward = sample_flops(cfg, data)
+        run_steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+        evaluations = sum((e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs for e in range(cfg.epochs))
+        steps += seeds * run_steps
+        samples += seeds * run_steps * cfg.workers * cfg.batch_size
+        train_flops += seeds * run_steps * cfg.workers * cfg.batch_size * forward_backward
+        eval_flops += seeds * evaluations * (cfg.workers + 1) * len(data.y_test) * forward
+    return (f"{steps:,} steps, {samples:,} sample gradients; ≈ {_flop(train_flops)} of training and "
+            f"{_flop(eval_flops)} of evaluation (matmuls and convolutions)")
+
+
+def _flop(x: float) -> str:
+    for unit, size in (("E", 1e18), ("P", 1e15), ("T", 1e12)):
+        if x >= size:
+            return f"{x / size:.3g} {unit}FLOP"
+    return f"{x / 1e9:.3g} GFLOP"
+
+
+def sample_flops(cfg: Config, data) -> tuple[int, int]:
+    """(forward, forward + backward) FLOPs of the model of ``cfg`` on one training sample."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .models import build_model
+    from .tasks import TASKS
+
+    with torch.random.fork_rng():
+        model = build_model(cfg, data)
+    x, y = data.x_train[:1], data.y_train[:1]
+    with FlopCounterMode(display=False) as forward:
+        output = model(x)
+    with FlopCounterMode(display=False) as backward:
+        TASKS[data.task].loss(output, y).backward()
+    return forward.get_total_flops(), forward.get_total_flops() + backward.get_total_flops()
 
 
 def _slug(name: str) -> str:
@@ -129,33 +279,6 @@ def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
     return [s / max(c, 1) for s, c in zip(sums, counts)]
 
 
-def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
-              overrides: list[str] = ()) -> Path:
-    """Run every variant for every seed into ``out``; write results.md and the Ξ² plot.
-
-    ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant."""
-    suite = SUITES[name](quick)
-    suite.base += list(overrides)
-    configs = {}
-    for v in suite.variants:  # check every config before training anything
-        configs[v.name] = load_config(None, [*suite.base, f"workers={v.workers}",
-                                             *[o.replace("{ref}", "REF") for o in v.overrides]])
-    for seed in range(seeds):
-        for v in suite.variants:
-            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
-            overrides = [*suite.base, f"workers={v.workers}", f"seed={seed}",
-                         *[o.replace("{ref}", str(ref)) for o in v.overrides]]
-            log(f"[{name}] seed {seed}: {v.name}")
-            train_run(load_config(None, overrides), out / f"{_slug(v.name)}-seed{seed}")
-    results = out / "results.md"
-    results.write_text(_results_table(suite, configs, out, seeds, name, quick))
-    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
-                   configs[suite.variants[0].name].milestones, out / "consensus.png", suite.title)
-    plot_tradeoff({v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)]
-                   for v in suite.variants}, out / "tradeoff.png", suite.title)
-    return results
-
-
 def _mean_std(values: list[float], fmt: str) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
@@ -165,25 +288,27 @@ OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_
 """Summary keys shown, as (key, heading, format), where a run of the suite has them ("—": a variant without)."""
 
 
-def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, name: str, quick: bool) -> str:
+def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, command: str) -> str:
     boundaries = configs[suite.variants[0].name].milestones
     phases = len(boundaries) + 1
     summaries = {v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)] for v in suite.variants}
+    metrics = test_metrics([s for runs in summaries.values() for s in runs])
     optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in s for runs in summaries.values() for s in runs)]
-    head = ["variant", "test acc (x̄)", *[f"mean Ξ² phase {k + 1}" for k in range(phases)],
-            "comm rounds", "extra gossip rounds", *[heading for _, heading, _ in optional]]
+    head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics],
+            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "comm rounds", "extra gossip rounds",
+            *[heading for _, heading, _ in optional]]
+    base = f" on `configs/paper/{suite.base_file}`" if suite.base_file else ""
     lines = [f"# {suite.title}", "",
-             f"Command: `gossamer repro {name} --seeds {seeds}{' --quick' if quick else ''}"
-             f"{''.join(' --set ' + o for o in suite.base[len(SUITES[name](quick).base):])}`; "
-             f"mean ± std over {seeds} seed(s). Base config: `{' '.join(suite.base)}`.", "",
+             f"Command: `{command}`; mean ± std over {seeds} seed(s). Base config{base}: `{' '.join(suite.base)}`.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
-        runs = summaries[v.name]
         per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in range(seeds)]
-        cells = [v.name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
+        runs = summaries[v.name]
+        cells = [v.name, *[_mean_std([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
                  _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
                  _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
                  *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n![test accuracy against communication](tradeoff.png)\n"
+    return ("\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n"
+            "![test metric against communication](tradeoff.png)\n")
