@@ -4,9 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import train_rows
-from gossamer.sharpness import HVP_CHUNK, loss_hvp, model_sharpness, top_eigenvalue
-from gossamer.workers import WorkerMatrix
+from conftest import train_rows, write_cifar
+from gossamer.config import load_config
+from gossamer.sharpness import HVP_CHUNK, loss_hvp, model_sharpness, top_eigenvalue, training_subset
+from gossamer.train import _batch_seed, averaged_model, build_run, evaluate
+from gossamer.workers import WorkerMatrix, flatten
 
 
 def symmetric(eigenvalues: list[float], seed: int = 0) -> torch.Tensor:
@@ -74,3 +76,20 @@ def test_training_reports_the_sharpness_of_x_bar_at_each_evaluation():
     plain, _, plain_run = train_rows("algorithm=local", "local_steps=3")
     assert [{k: v for k, v in r.items() if k != "sharpness"} for r in rows] == plain  # measuring changes nothing
     torch.testing.assert_close(run.workers.X, plain_run.workers.X, rtol=0, atol=0)
+
+
+def test_sharpness_is_taken_with_the_batchnorm_statistics_bn_eval_gives_x_bar(tmp_path):
+    """ResNet-20: the evaluation row's sharpness is λ_max at x̄ with x̄'s statistics — the workers'
+    mean (average) or re-estimated with x̄ (recompute) — so the two differ."""
+    write_cifar(tmp_path)
+    base = ["dataset=cifar10", f"data_dir={tmp_path}", "model=resnet20", "workers=2", "batch_size=10", "epochs=1",
+            "sharpness=true", "sharpness_samples=20", "sharpness_iterations=3"]
+    found = {}
+    for bn_eval in ("average", "recompute"):
+        run = build_run(load_config(None, [*base, f"bn_eval={bn_eval}"]))
+        found[bn_eval] = evaluate(run, 0)["sharpness"]
+        x_bar, b_bar = flatten(averaged_model(run, 0))
+        subset = training_subset(len(run.data.y_train), 20, run.cfg.seed)
+        assert found[bn_eval] == model_sharpness(run.workers, x_bar, b_bar, run.data.x_train[subset],
+                                                 run.data.y_train[subset], 3, seed=_batch_seed(run.cfg.seed, 1))
+    assert found["average"] != found["recompute"]
