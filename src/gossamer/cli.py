@@ -261,6 +261,9 @@ def _registry_help() -> str:
             lines.append(f"  {e.spec:<22} {e.help}{keys}")
         also = ", or ef-NAME for error feedback" if registry is CODECS else ""
         parts.append(f"{kind} (--set {kind}=NAME{also}):\n" + "\n".join(lines))
+    presets = [f"  {name:<22} {p.bandwidth:g} Gbit/s, {p.latency:g} µs: {p.what}" for name, p in PRESETS.items()]
+    parts.append("network (--set network=PRESET, or network.bandwidth=GBIT_S and network.latency=US; "
+                 "docs/time.md):\n" + "\n".join(presets))
     return "\n\n".join(parts)
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable
 
@@ -231,7 +231,7 @@ class Clock:
     network: NetworkConfig
     step_seconds: float | None
     sync: Callable[[], None] = lambda: None  # waits for the device (measured compute on a GPU)
-    _measured: float = 0.0
+    _measured: float = field(default=0.0, init=False, repr=False)  # this step's, until tick()
 
     def timed(self, fn: Callable, *args):
         """``fn(*args)``, its wall time added to the step's compute when it is measured."""

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Callable
 
 from .config import load_config
-from .report import plot_consensus, plot_runs, read_summary
+from .report import plot_consensus, plot_runs, read_rows, read_summary
+from .train import reached_target
 
 
 @dataclass
@@ -204,13 +205,20 @@ def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str
     return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n"
 
 
-def _to_target(summaries: list[dict], key: str, fmt: str) -> str:
-    """Mean ± std of ``key`` (steps or seconds to the target) over the seeds that reached it."""
-    reached = [s[key] for s in summaries if s[key] is not None]
+def _at_target(runs: list[Path], cfg) -> list[dict | None]:
+    """Per run, its first evaluation row that reaches cfg's target (None where none does): what
+    the loop reports as steps_to_target, for the suite's target whatever the runs were trained with."""
+    return [next((r for r in read_rows(run) if "test_accuracy" in r and reached_target(cfg, r)), None)
+            for run in runs]
+
+
+def _to_target(rows: list[dict | None], key: str, fmt: str) -> str:
+    """Mean ± std of ``key`` (step or sim_seconds) at the target over the seeds that reached it."""
+    reached = [r[key] for r in rows if r is not None]
     if not reached:
         return "not reached"
     cell = _mean_std(reached, fmt)
-    return cell if len(reached) == len(summaries) else f"{cell} ({len(reached)} of {len(summaries)} seeds)"
+    return cell if len(reached) == len(rows) else f"{cell} ({len(reached)} of {len(rows)} seeds)"
 
 
 def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, configs: dict, out: Path,
@@ -219,7 +227,9 @@ def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, 
     test accuracy against simulated time (seed 0): Lin et al.'s variants on each network, Kong et
     al.'s with the cost and the benefit of control against the ``uncontrolled`` variant."""
     target = configs[kong[0]].target_accuracy
-    summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for name in [*sum(lin.values(), []), *kong]}
+    names = [*sum(lin.values(), []), *kong]
+    summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for name in names}
+    at_target = {name: _at_target(_runs(name, out, seeds), configs[name]) for name in names}
     nets = [configs[name].network.preset for name in next(iter(lin.values()))]
     head = ["variant", "test acc", "steps to target",
             *[f"{h} on {net}" for net in nets for h in ("s to target", "s total", "comm")]]
@@ -227,12 +237,11 @@ def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, 
              f"plus the α–β time of every operator.", "", "## Lin et al.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, names in lin.items():
-        first = summaries[names[0]]
-        cells = [label, _mean_std([s["test_accuracy"] for s in first], "{:.4f}"),
-                 _to_target(first, "steps_to_target", "{:.0f}")]
+        cells = [label, _mean_std([s["test_accuracy"] for s in summaries[names[0]]], "{:.4f}"),
+                 _to_target(at_target[names[0]], "step", "{:.0f}")]
         for name in names:
             runs = summaries[name]
-            cells += [_to_target(runs, "sim_seconds_to_target", "{:.3f}"),
+            cells += [_to_target(at_target[name], "sim_seconds", "{:.3f}"),
                       _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
                       f"{statistics.mean(s['sim_seconds_comm'] / s['sim_seconds'] for s in runs):.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
@@ -245,7 +254,7 @@ def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, 
         runs = summaries[name]
         cells = [name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
                  _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
-                 _to_target(runs, "sim_seconds_to_target", "{:.3f}"),
+                 _to_target(at_target[name], "sim_seconds", "{:.3f}"),
                  _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
                  _mean_std([s["sim_seconds_comm"] for s in runs], "{:.3f}"),
                  f"{_mean_std([s['sim_seconds'] - r['sim_seconds'] for s, r in zip(runs, plain)], '{:.3f}')} / "

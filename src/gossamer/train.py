@@ -147,7 +147,7 @@ def _has_target(cfg: Config) -> bool:
     return cfg.target_accuracy is not None or cfg.target_loss is not None
 
 
-def _reached(cfg: Config, row: dict) -> bool:
+def reached_target(cfg: Config, row: dict) -> bool:
     """Whether an evaluation row meets the run's target (test accuracy ≥ target_accuracy, or
     test loss ≤ target_loss); False without a target."""
     if cfg.target_accuracy is not None:
@@ -263,7 +263,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
                             xi2=f"{row['consensus_distance_sq']:.2e}")
         _advance_clocks(run, state, t)
-        if evaluating and state.steps_to_target is None and _reached(cfg, row):
+        if evaluating and state.steps_to_target is None and reached_target(cfg, row):
             state.steps_to_target = t + 1
             state.sim_seconds_to_target = state.sim_seconds if run.clock is not None else None
         if measure:
