@@ -63,11 +63,11 @@ class Stopped(Exception):
 @contextlib.contextmanager
 def _stop_on_signals():
     """Within the block, SIGINT and SIGTERM only record themselves (in ``received``): the loop
-    finishes its step, checkpoints and stops. A second SIGINT interrupts at once."""
+    finishes its step, checkpoints and stops. A second signal interrupts at once."""
     received: list[int] = []
 
     def handler(signum, frame):
-        if received and signum == signal.SIGINT:
+        if received:
             raise KeyboardInterrupt
         received.append(signum)
     try:
