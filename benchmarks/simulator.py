@@ -1,14 +1,20 @@
 """Simulator benchmarks (docs/benchmarks.md): ratios measured side by side in one process.
 
-    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5] [--json FILE] [--threads T]
+    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5] [--json FILE] [--threads T] [--device D]
 
 1. the simulator vs one process per worker (``gossamer train`` vs torchrun + ``engine=dist``),
-   whole-process wall time including start-up;
-2. n workers with batch b vs one model with batch n·b (the same FLOPs): step-time ratio;
+   whole-process wall time including start-up (CPU processes, whatever ``--device``);
+2. n workers with batch b vs one model with batch n·b (the same FLOPs): step-time ratio, for
+   both gradient backends (``loop``, ``vmap``) — the MLP, the 1-D CNN, ResNet-20 with BatchNorm
+   (b = 8 and 32) and the character Transformer;
 3. gossip + Ξ² per step as a share of the step time at n = 64;
-4. the ``loop`` and ``vmap`` gradient backends, and what ``auto`` picks;
-5. peak memory of ResNet-20 training at n = 64 vs n × (params + grads + momentum) + one set of
-   activations, and the largest n that fits in this machine's memory (extrapolated).
+4. what ``auto`` picks against the faster backend of benchmark 2;
+5. peak memory of ResNet-20 training at n = 64 vs n × (params + grads + momentum) + the
+   activations the backend must hold, and the largest n that fits (extrapolated).
+
+``--device cuda`` runs benchmarks 2-5 on the GPU (timings synchronise the device; memory is
+``torch.cuda.max_memory_allocated``) and checks that a step whose metrics are not due makes no
+host synchronisation (``torch.cuda.set_sync_debug_mode("error")``).
 
 The machine is shared and noisy: every comparison interleaves its contenders (A B A B ...) and
 reports medians. Prints markdown; ``--json`` also saves the raw figures.
@@ -34,11 +40,20 @@ import torch.nn.functional as F
 from gossamer.config import load_config
 from gossamer.data import Dataset
 from gossamer.models import build_model
+from gossamer.tasks import TASKS
 from gossamer.train import Progress, Run, build_run, train_step
 from gossamer.workers import choose_backend
 
-# model name -> (input shape of one sample, per-worker batch b)
-MODELS = {"mlp": ((1, 40), 16), "cnn1d": ((1, 40), 16), "resnet20": ((3, 32, 32), 8)}
+# model name -> (input shape of one sample, per-worker batch b); the transformer's samples are
+# CONTEXT tokens of a VOCAB-character vocabulary (a language model), the others' 10 classes
+MODELS = {"mlp": ((1, 40), 16), "cnn1d": ((1, 40), 16), "resnet20": ((3, 32, 32), 8), "transformer": ((64,), 16)}
+VOCAB = 100
+DEVICE = torch.device("cpu")  # set by --device
+
+
+def _sync() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def _median_interleaved(fns: dict, reps: int, warmup: int = 1) -> dict[str, float]:
@@ -46,11 +61,13 @@ def _median_interleaved(fns: dict, reps: int, warmup: int = 1) -> dict[str, floa
     for _ in range(warmup):
         for f in fns.values():
             f()
+    _sync()
     times = {k: [] for k in fns}
     for _ in range(reps):
         for k, f in fns.items():
             t = time.perf_counter()
             f()
+            _sync()
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
 
@@ -58,7 +75,17 @@ def _median_interleaved(fns: dict, reps: int, warmup: int = 1) -> dict[str, floa
 def _batch(name: str, n: int, b: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     shape = MODELS[name][0]
-    return torch.randn(n, b, *shape, generator=g), torch.randint(0, 10, (n, b), generator=g)
+    if name == "transformer":
+        x, y = torch.randint(0, VOCAB, (n, b, *shape), generator=g), torch.randint(0, VOCAB, (n, b, *shape), generator=g)
+    else:
+        x, y = torch.randn(n, b, *shape, generator=g), torch.randint(0, 10, (n, b), generator=g)
+    return x.to(DEVICE), y.to(DEVICE)
+
+
+def _data(name: str, x: torch.Tensor, y: torch.Tensor) -> Dataset:
+    if name == "transformer":
+        return Dataset(x, y, x[:1], y[:1], VOCAB, task="language-model")
+    return Dataset(x, y, x[:1], y[:1], 10)
 
 
 NO_SYNC = ("algorithm=local", "local_steps=1000000")  # local SGD that never averages: compute only
@@ -68,10 +95,10 @@ def build(name: str, n: int, b: int, backend: str = "auto", algorithm: tuple[str
     """A run of n workers of ``name`` on random data (one batch per worker), built as `gossamer
     train` builds it; by default with no communication (the compute and the local optimizer)."""
     x, y = _batch(name, n, b)
-    data = Dataset(x.flatten(0, 1), y.flatten(), x[0], y[0], 10)
     cfg = load_config(None, [f"workers={n}", f"batch_size={b}", f"model={name}", f"grad_backend={backend}",
-                             "momentum=0.9", "nesterov=true", "lr=0.01", "epochs=1", *algorithm])
-    return build_run(cfg, data=data)
+                             "momentum=0.9", "nesterov=true", "lr=0.01", "epochs=1", f"device={DEVICE.type}",
+                             *algorithm])
+    return build_run(cfg, data=_data(name, x.flatten(0, 1), y.flatten(0, 1)))
 
 
 def sim_step(run: Run, measure: bool = False):
@@ -86,17 +113,19 @@ def sim_step(run: Run, measure: bool = False):
     return step
 
 
-def one_model_step(name: str, batch: int):
+def one_model_step(name: str, n: int, b: int):
     """One training step of one model with batch n·b (torch.optim.SGD, Nesterov momentum)."""
-    x, y = _batch(name, 1, batch)
-    x, y = x[0], y[0]
+    x, y = _batch(name, n, b)
+    x, y = x.flatten(0, 1), y.flatten(0, 1)
+    data = _data(name, x, y)
     torch.manual_seed(0)
-    model = build_model(load_config(None, [f"model={name}"]), Dataset(x, y, x, y, 10)).train()
+    model = build_model(load_config(None, [f"model={name}"]), data).to(DEVICE).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
+    loss = TASKS[data.task].loss
 
     def step():
         opt.zero_grad(set_to_none=False)
-        F.cross_entropy(model(x), y).backward()
+        loss(model(x), y).backward()
         opt.step()
     return step
 
@@ -130,22 +159,44 @@ def bench_processes(quick: bool) -> dict:
     return out
 
 
-# -- 2. n workers vs one model ---------------------------------------------------------------------
+# -- 2. n workers vs one model, both gradient backends ---------------------------------------------
+
+def one_model_cases(quick: bool) -> list[tuple[str, int, int]]:
+    if quick:
+        return [("mlp", 16, 16), ("cnn1d", 16, 16), ("resnet20", 4, 4), ("transformer", 4, 8)]
+    return [("mlp", 16, 16), ("mlp", 64, 16), ("cnn1d", 16, 16), ("cnn1d", 64, 16), ("resnet20", 16, 8),
+            ("resnet20", 16, 32), ("resnet20", 64, 8), ("resnet20", 64, 32), ("transformer", 16, 16)]
+
 
 def bench_one_model(quick: bool) -> list[dict]:
-    cases = ([("mlp", 16), ("cnn1d", 16), ("resnet20", 4)] if quick else
-             [(m, n) for m in MODELS for n in (16, 64)])
     rows = []
-    for name, n in cases:
-        b = MODELS[name][1] if not (quick and name == "resnet20") else 4
-        heavy = name == "resnet20"
-        sim = sim_step(build(name, n, b))
-        t = _median_interleaved({"sim": sim, "one": one_model_step(name, n * b)},
+    for name, n, b in one_model_cases(quick):
+        heavy = name in ("resnet20", "transformer") and DEVICE.type == "cpu"
+        runs = {k: build(name, n, b, backend=k) for k in ("loop", "vmap")}
+        t = _median_interleaved({**{k: sim_step(run) for k, run in runs.items()}, "one": one_model_step(name, n, b)},
                                 reps=1 if heavy else 10)
-        rows.append({"model": name, "workers": n, "batch": b, "backend": sim.run.workers.backend,
-                     "sim_ms": 1e3 * t["sim"], "one_ms": 1e3 * t["one"], "ratio": t["sim"] / t["one"]})
+        auto = choose_backend(runs["loop"].workers.template, n, device=DEVICE)
+        rows.append({"model": name, "workers": n, "batch": b, "loop_ms": 1e3 * t["loop"], "vmap_ms": 1e3 * t["vmap"],
+                     "one_ms": 1e3 * t["one"], "loop_ratio": t["loop"] / t["one"], "vmap_ratio": t["vmap"] / t["one"],
+                     "auto": auto, "auto_vs_fastest": t[auto] / min(t["loop"], t["vmap"])})
         _log(rows[-1])
     return rows
+
+
+def host_syncs_in_a_step() -> str:
+    """CUDA only: run a ResNet-20 gossip step whose metrics are not due with synchronising calls
+    turned into errors; returns "none" or the first line of the error."""
+    step = sim_step(build("resnet20", 8, 8, algorithm=("algorithm=gossip", "topology=ring")))
+    step()  # warm-up: plans and caches are built once, outside the hot path
+    _sync()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+        return "none"
+    except RuntimeError as e:
+        return str(e).strip().splitlines()[0][:200]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 # -- 3. communication overhead ---------------------------------------------------------------------
@@ -172,25 +223,6 @@ def bench_comm(quick: bool) -> list[dict]:
     return rows
 
 
-# -- 4. gradient backends --------------------------------------------------------------------------
-
-def bench_backends(quick: bool, one_model_rows: list[dict]) -> list[dict]:
-    rows = []
-    for name, n in ([("mlp", 16), ("cnn1d", 16)] if quick else [(m, n) for m in ("mlp", "cnn1d") for n in (16, 64)]):
-        b = MODELS[name][1]
-        runs = {k: build(name, n, b, backend=k) for k in ("loop", "vmap")}
-        t = _median_interleaved({k: sim_step(run) for k, run in runs.items()}, reps=5 if quick else 9)
-        auto = choose_backend(runs["loop"].workers.template, n)
-        rows.append({"model": name, "workers": n, "batch": b, "loop_ms": 1e3 * t["loop"], "vmap_ms": 1e3 * t["vmap"],
-                     "auto": auto, "auto_vs_fastest": t[auto] / min(t.values())})
-        _log(rows[-1])
-    for r in one_model_rows:  # ResNet-20 has BatchNorm buffers: loop only (measured in benchmark 2)
-        if r["model"] == "resnet20":
-            rows.append({"model": "resnet20", "workers": r["workers"], "batch": r["batch"], "loop_ms": r["sim_ms"],
-                         "vmap_ms": None, "auto": "loop", "auto_vs_fastest": 1.0})
-    return rows
-
-
 # -- 5. memory and scale ---------------------------------------------------------------------------
 
 def _status_kib(field: str) -> int:
@@ -201,7 +233,9 @@ def _status_kib(field: str) -> int:
 
 
 def _can_probe_memory() -> bool:
-    """Benchmark 5 reads and resets the peak RSS through Linux's /proc (VmHWM, clear_refs)."""
+    """On CPU, benchmark 5 reads and resets the peak RSS through Linux's /proc (VmHWM, clear_refs)."""
+    if DEVICE.type == "cuda":
+        return True
     return os.access("/proc/self/clear_refs", os.W_OK) and Path("/proc/self/status").exists()
 
 
@@ -221,27 +255,35 @@ def _activation_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) 
 
 
 def memory_probe(n: int, b: int, steps: int) -> dict:
-    """Run in a fresh process: peak RSS of `steps` ResNet-20 gossip steps of n workers above the
-    RSS before the run existed (the interpreter, torch and the data are not counted)."""
+    """Run in a fresh process (CPU) or after resetting the peak (CUDA): peak memory of `steps`
+    ResNet-20 gossip steps of n workers above the memory in use before the run existed (the
+    interpreter, torch and the data are not counted)."""
     x, y = _batch("resnet20", 1, b)
-    warm = build_model(load_config(None, ["model=resnet20"]), Dataset(x[0], y[0], x[0], y[0], 10))
+    warm = build_model(load_config(None, ["model=resnet20"]), _data("resnet20", x[0], y[0])).to(DEVICE)
     act = _activation_bytes(warm, x[0].clone(), y[0])
     F.cross_entropy(warm(x[0]), y[0]).backward()  # loads the kernels before the baseline
     del warm
-    ctypes.CDLL("libc.so.6").malloc_trim(0)  # give the warm-up's freed heap back: it must not hide the peak
-    base = _status_kib("VmRSS")
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
-    step = sim_step(build("resnet20", n, b, backend="loop", algorithm=("algorithm=gossip", "topology=ring")))
+    if DEVICE.type == "cuda":
+        _sync()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)  # give the warm-up's freed heap back: it must not hide the peak
+        base = _status_kib("VmRSS") * 1024
+        Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+    step = sim_step(build("resnet20", n, b, algorithm=("algorithm=gossip", "topology=ring")))
     engine, X = step.run.engine, step.run.workers.X
     t = time.perf_counter()
     for _ in range(steps):
         step()  # gradients, local step, one gossip round
         engine.consensus_distance_sq(X)
+    _sync()
     seconds = (time.perf_counter() - t) / steps
     w = step.run.workers
-    peak = (_status_kib("VmHWM") - base) * 1024
+    peak = (torch.cuda.max_memory_allocated() if DEVICE.type == "cuda" else _status_kib("VmHWM") * 1024) - base
+    held = act * (n if w.backend == "vmap" else 1)  # vmap holds every worker's activations at once
     return {"workers": n, "batch": b, "d": w.d, "d_buffers": w.d_buffers, "peak_bytes": peak,
-            "state_bytes": n * 3 * w.d * w.X.element_size(), "activation_bytes": act,
+            "state_bytes": n * 3 * w.d * w.X.element_size(), "activation_bytes": held,
             "step_seconds": seconds, "backend": w.backend}
 
 
@@ -250,21 +292,26 @@ def bench_memory(quick: bool) -> dict:
     sizes = (4, 16) if quick else (16, 64)
     probes = []
     for n in sizes:
-        cmd = [sys.executable, __file__, "--memory-probe", str(n), str(b)]
-        probes.append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
+        if DEVICE.type == "cuda":
+            probes.append(memory_probe(n, b, steps=2))
+        else:
+            cmd = [sys.executable, __file__, "--memory-probe", str(n), str(b)]
+            probes.append(json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout))
         _log(probes[-1])
-    ref = probes[-1] if quick else next(p for p in probes if p["workers"] == 64)
+    ref = probes[-1]
     minimum = ref["state_bytes"] + ref["activation_bytes"]
     (n1, p1), (n2, p2) = [(p["workers"], p["peak_bytes"]) for p in probes[-2:]]
     per_worker = (p2 - p1) / (n2 - n1)
     fixed = p2 - per_worker * n2
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    budget = total - 2 * 2**30 - 1.5 * 2**30  # 2 GiB for the OS, 1.5 GiB for python + torch + data
-    n_max = int((budget - fixed) / per_worker)
+    if DEVICE.type == "cuda":
+        total, kept = torch.cuda.get_device_properties(DEVICE).total_memory, 2 * 2**30  # CUDA context, allocator
+    else:
+        total, kept = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), 3.5 * 2**30  # OS, python, torch, data
+    n_max = int((total - kept - fixed) / per_worker)
     step_per_worker = probes[-1]["step_seconds"] / probes[-1]["workers"]
     return {"probes": probes, "reference_workers": ref["workers"], "minimum_bytes": minimum,
             "peak_vs_minimum": ref["peak_bytes"] / minimum, "per_worker_bytes": per_worker,
-            "fixed_bytes": fixed, "memory_bytes": total, "n_max": n_max,
+            "fixed_bytes": fixed, "memory_bytes": total, "kept_bytes": kept, "n_max": n_max,
             "n_max_step_seconds": n_max * step_per_worker}
 
 
@@ -292,30 +339,35 @@ def report(res: dict) -> str:
         out += ["", f"**Speed-up: {p['speedup']:.1f}×**" if "speedup" in p else "**Speed-up: not measured (a run failed)**", ""]
     if "one_model" in res:
         out += ["## 2. n workers with batch b vs one model with batch n·b", "",
-                "Step = forward, backward and Nesterov-momentum SGD. Target: ratio ≤ 1.0.", "",
-                "| model | n | b | backend | n workers | one model (batch n·b) | ratio |", "|---|---|---|---|---|---|---|"]
-        out += [f"| {r['model']} | {r['workers']} | {r['batch']} | {r['backend']} | {r['sim_ms']:.1f} ms | "
-                f"{r['one_ms']:.1f} ms | {r['ratio']:.2f} |" for r in res["one_model"]]
+                "Step = forward, backward and Nesterov-momentum SGD, both gradient backends. Target: ratio ≤ 1.0 "
+                "(the character Transformer: ≤ 1.5).", "",
+                "| model | n | b | loop | vmap | one model (batch n·b) | loop / one | vmap / one |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['model']} | {r['workers']} | {r['batch']} | {r['loop_ms']:.1f} ms | {r['vmap_ms']:.1f} ms | "
+                f"{r['one_ms']:.1f} ms | {r['loop_ratio']:.2f} | {r['vmap_ratio']:.2f} |" for r in res["one_model"]]
         out.append("")
+    if "host_syncs" in res:
+        out += [f"Host synchronisations in a ResNet-20 gossip step whose metrics are not due (CUDA sync debug "
+                f"mode): **{res['host_syncs']}**.", ""]
     if "comm" in res:
         out += ["## 3. Gossip + Ξ² as a share of the step time (n = 64)", "", "Target ≤ 5 %.", "",
                 "| model | topology | compute step | gossip + Ξ² | share |", "|---|---|---|---|---|"]
         out += [f"| {r['model']} | {r['topology']} | {r['compute_ms']:.2f} ms | {r['comm_ms']:.3f} ms | "
                 f"{100 * r['share']:.1f} % |" for r in res["comm"]]
         out.append("")
-    if "backends" in res:
-        out += ["## 4. Gradient backends", "", "Target: `auto` within 5 % of the faster.", "",
-                "| model | n | b | loop | vmap | auto picks | auto / fastest |", "|---|---|---|---|---|---|---|"]
-        out += [f"| {r['model']} | {r['workers']} | {r['batch']} | {r['loop_ms']:.1f} ms | "
-                + (f"{r['vmap_ms']:.1f} ms" if r["vmap_ms"] is not None else "n/a (BatchNorm)")
-                + f" | {r['auto']} | {r['auto_vs_fastest']:.2f} |" for r in res["backends"]]
+    if "one_model" in res and 4 in res["only"]:
+        out += ["## 4. What `auto` picks", "", "Target: within 5 % of the faster backend of benchmark 2.", "",
+                "| model | n | b | auto picks | auto / fastest |", "|---|---|---|---|---|"]
+        out += [f"| {r['model']} | {r['workers']} | {r['batch']} | {r['auto']} | {r['auto_vs_fastest']:.2f} |"
+                for r in res["one_model"]]
         out.append("")
     if "memory" in res:
         m = res["memory"]
-        out += ["## 5. Memory and scale (ResNet-20, gossip on a ring, loop backend)", "",
-                "Peak RSS above the peak before the run was built. Minimum = n × (params + grads + "
-                "momentum) × 4 B + one worker's saved activations.", "",
-                "| n | b | peak | n × (params + grads + momentum) | one set of activations | peak / minimum | step |",
+        out += [f"## 5. Memory and scale (ResNet-20, gossip on a ring, {m['probes'][-1]['backend']} backend)", "",
+                "Peak memory (RSS on CPU, allocated on CUDA) above that before the run was built. Minimum = "
+                "n × (params + grads + momentum) × 4 B + the saved activations the backend holds at once (one "
+                "worker's for the loop, all n workers' for vmap).", "",
+                "| n | b | peak | n × (params + grads + momentum) | activations held | peak / minimum | step |",
                 "|---|---|---|---|---|---|---|"]
         for p in m["probes"]:
             mn = p["state_bytes"] + p["activation_bytes"]
@@ -323,8 +375,9 @@ def report(res: dict) -> str:
                        f"{_mib(p['activation_bytes'])} | {p['peak_bytes'] / mn:.2f} | {p['step_seconds']:.1f} s |")
         out += ["", f"**Peak / minimum at n = {m['reference_workers']}: {m['peak_vs_minimum']:.2f}** (target ≤ 1.5).", "",
                 f"Per worker: {_mib(m['per_worker_bytes'])} (slope between the two largest probes); fixed: "
-                f"{_mib(m['fixed_bytes'])}; memory {m['memory_bytes'] / 2**30:.1f} GiB, of which 3.5 GiB kept for "
-                f"the OS, the interpreter, torch and the data. **Largest n (extrapolated): ≈ {m['n_max']}**, at "
+                f"{_mib(m['fixed_bytes'])}; memory {m['memory_bytes'] / 2**30:.1f} GiB, of which "
+                f"{m['kept_bytes'] / 2**30:.1f} GiB kept for the system, the interpreter, torch and the data. "
+                f"**Largest n (extrapolated): ≈ {m['n_max']}**, at "
                 f"≈ {m['n_max_step_seconds'] / 60:.0f} min per step on this machine (step time linear in n).", ""]
     return "\n".join(out)
 
@@ -336,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="also save the raw figures here")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice). On a machine "
                     "whose cores other processes also use, 1 avoids OpenMP threads waiting on descheduled peers")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where benchmarks 2-5 run")
     ap.add_argument("--memory-probe", nargs=2, type=int, metavar=("N", "B"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    global DEVICE
+    DEVICE = torch.device(a.device)
     if a.threads:
         torch.set_num_threads(a.threads)
         os.environ["OMP_NUM_THREADS"] = str(a.threads)  # for the subprocesses (benchmarks 1 and 5)
@@ -346,17 +402,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     only = {int(s) for s in a.only.split(",")}
     start = time.perf_counter()
+    gpu = f", {torch.cuda.get_device_name(DEVICE)}" if DEVICE.type == "cuda" else ""
     res: dict = {"command": "python benchmarks/simulator.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-                 "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}, "
-                            f"torch {torch.__version__}, {torch.get_num_threads()} threads"}
+                 "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}{gpu}, "
+                            f"torch {torch.__version__}, {torch.get_num_threads()} threads", "only": sorted(only)}
     if 1 in only:
         res["processes"] = bench_processes(a.quick)
     if 2 in only or 4 in only:
         res["one_model"] = bench_one_model(a.quick)
+        if DEVICE.type == "cuda":
+            res["host_syncs"] = host_syncs_in_a_step()
     if 3 in only:
         res["comm"] = bench_comm(a.quick)
-    if 4 in only:
-        res["backends"] = bench_backends(a.quick, res["one_model"])
     if 5 in only and _can_probe_memory():
         res["memory"] = bench_memory(a.quick)
     elif 5 in only:

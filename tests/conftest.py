@@ -55,3 +55,33 @@ def sim_run(tmp_path_factory):
             runs[key] = out
         return runs[key]
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread():
+    """One intra-op thread, like every launched process (OMP_NUM_THREADS=1): on a shared 2-core
+    machine a second OpenMP thread mostly waits at barriers for a descheduled peer — measured, a
+    small Transformer step took 1.6 s with 2 threads under load and 0.03 s with 1
+    (docs/benchmarks.md, "Why --threads 1")."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_cifar(root, train: int = 200, test: int = 60, cifar100: bool = False, seed: int = 0):
+    """A tiny CIFAR in the real binary layout and file names under ``root``: random pixels, labels
+    cycling over the classes (CIFAR-100: coarse label byte, then the fine one)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    folder, classes, files = (("cifar-100-binary", 100, {"train.bin": train, "test.bin": test}) if cifar100 else
+                              ("cifar-10-batches-bin", 10, {**{f"data_batch_{i}.bin": train // 5 for i in range(1, 6)},
+                                                            "test_batch.bin": test}))
+    (root / folder).mkdir(parents=True, exist_ok=True)
+    for name, count in files.items():
+        labels = (np.arange(count) % classes).astype(np.uint8)[:, None]
+        pixels = rng.integers(0, 256, (count, 3072), dtype=np.uint8)
+        label_bytes = [labels // 5, labels] if cifar100 else [labels]
+        (root / folder / name).write_bytes(np.concatenate([*label_bytes, pixels], axis=1).tobytes())
+    return root

@@ -69,6 +69,14 @@ def test_same_config_and_seed_give_identical_summaries(tmp_path, capsys):
     (["--set", "model=resnet9000"], "unknown model"),
     (["no-such-config.yaml"], "does not exist"),
     (["--set", "engine=dist"], "engine 'dist' runs under torchrun"),
+    (["--set", "model=resnet20", "--set", "norm=layer"], "unknown norm 'layer'; choose one of: batch, group, none"),
+    (["--set", "norm=group"], "norm does not apply to model 'cnn1d'"),
+    (["--set", "dataset=cifar10", "--set", f"data_dir={__file__}"], f"data_dir '{__file__}' is a file"),
+    (["--set", "dataset=cifar100", "--set", "num_samples=5"], "num_samples does not apply to dataset 'cifar100'"),
+    (["--set", "model=transformer"], "model 'transformer' takes token sequences [T] for language modelling, not "
+                                     "the dataset's inputs of shape [1, 40] (classification)"),
+    (["--set", "model=resnet20", "--set", "width=8"], "width does not apply to model 'resnet20'"),
+    (["--set", "bn_eval=recompute"], "bn_eval applies to models with BatchNorm running statistics"),
     (["--set", "logger=wandb"], "unknown logger 'wandb'; choose one of: none, csv, tensorboard"),
 ])
 def test_bad_options_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
@@ -200,3 +208,33 @@ def test_version(capsys):
         main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"gossamer {version('gossamer')}"
+
+
+def test_a_config_file_extends_its_base(tmp_path, capsys):
+    (tmp_path / "base.yaml").write_text("workers: 8\nlr: 0.2\nalgorithm: gossip\nconsensus:\n  target: constant\n"
+                                        "  value: 0.5\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nlr: 0.3\nconsensus:\n  value: 0.25\n")
+    from gossamer.config import load_config
+
+    cfg = load_config(tmp_path / "child.yaml", ["workers=4"])
+    assert (cfg.workers, cfg.lr, cfg.algorithm) == (4, 0.3, "gossip")
+    assert (cfg.consensus.target, cfg.consensus.value) == ("constant", 0.25)  # sections merge key by key
+    (tmp_path / "loop.yaml").write_text("base: loop2.yaml\n")
+    (tmp_path / "loop2.yaml").write_text("base: loop.yaml\n")
+    (tmp_path / "orphan.yaml").write_text("base: missing.yaml\n")
+    for name, fragment in (("loop.yaml", "which leads back to itself"), ("orphan.yaml", "missing.yaml' does not exist")):
+        code, _, err = run_cli(capsys, "train", str(tmp_path / name), "--quiet", "--out", str(tmp_path / "never"))
+        assert code == 2 and fragment in err and err.count("\n") == 1
+
+
+def test_compare_shows_the_metrics_of_each_task(tmp_path, capsys):
+    from gossamer.report import comparison_table
+
+    common = {"final_consensus_distance_sq": 0.5, "comm_rounds": 3, "bytes_per_worker": 2e6}
+    lm = {"test_loss": 1.5, "test_loss_local_mean": 1.6, "test_perplexity": 4.48, "test_perplexity_local_mean": 4.95}
+    table = comparison_table({"a": {**common, **lm}, "b": {**common, **lm}})
+    assert table.splitlines()[0] == ("| run | test loss | local loss | test ppl | local ppl | final Ξ² | comm rounds "
+                                     "| MB/worker |")
+    assert table.splitlines()[2] == "| a | 1.5000 | 1.6000 | 4.48 | 4.95 | 5.000e-01 | 3 | 2.00 |"
+    acc = comparison_table({"c": {**common, "test_accuracy": 0.9, "test_accuracy_local_mean": 0.8}})
+    assert acc.splitlines()[0] == "| run | test acc | local acc | final Ξ² | comm rounds | MB/worker |"

@@ -15,6 +15,7 @@ import pytest
 import torch
 from launch import SMALL, finish, sets, spawn, torchrun
 
+from conftest import write_cifar
 from gossamer.cli import main
 
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
@@ -41,14 +42,17 @@ PARITY_CASES = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """In-process simulator runs use one thread, like each launched process (OMP_NUM_THREADS=1):
-    while the launched processes busy the two cores, a second OpenMP thread only spins."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
+# holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
+CIFAR_CASE = "cifar-resnet20-gossip"
+
+
+@pytest.fixture(scope="module")
+def cifar_case(tmp_path_factory) -> list[str]:
+    data = write_cifar(tmp_path_factory.mktemp("cifar"), train=128, test=32)
+    return ["dataset=cifar10", f"data_dir={data}", "model=resnet20", "workers=4", "epochs=1", "batch_size=4",
+            "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop", "algorithm=gossip",
+            "bn_eval=recompute"]
 
 
 # ---------------------------------------------------------------- parity: 4 and 2 processes
@@ -58,7 +62,7 @@ ACCEPTANCE = ["workers=4", "epochs=1", "num_samples=1000", "algorithm=gossip", *
 
 
 @pytest.fixture(scope="module")
-def dist_runs(tmp_path_factory):
+def dist_runs(tmp_path_factory, cifar_case):
     """{procs: run root}, launched on first use: one launch per process count runs every case.
     2 processes go through torchrun (its agent hosts the store); 4 are started directly with
     torchrun's environment (rank 0 hosts the store)."""
@@ -67,7 +71,8 @@ def dist_runs(tmp_path_factory):
     def get(procs: int) -> Path:
         if procs not in roots:
             root = tmp_path_factory.mktemp(f"dist{procs}")
-            cases = [[name, SMALL + o] for name, o in PARITY_CASES] + [["acceptance", ACCEPTANCE]]
+            cases = ([[name, SMALL + o] for name, o in PARITY_CASES] + [[CIFAR_CASE, cifar_case]]
+                     + [["acceptance", ACCEPTANCE]])
             (root / "cases.json").write_text(json.dumps(cases))
             argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
             if procs == 2:
@@ -101,13 +106,15 @@ def assert_same_summary(a: dict, b: dict, rel: float) -> None:
 
 
 @pytest.mark.parametrize("procs", [4, 2])
-@pytest.mark.parametrize("name", [name for name, _ in PARITY_CASES])
-def test_dist_matches_the_simulator(name, procs, sim_run, dist_runs):
-    sim, dist_ = sim_run(SMALL + dict(PARITY_CASES)[name]), dist_runs(procs) / name
+@pytest.mark.parametrize("name", [name for name, _ in PARITY_CASES] + [CIFAR_CASE])
+def test_dist_matches_the_simulator(name, procs, sim_run, dist_runs, cifar_case):
+    overrides = cifar_case if name == CIFAR_CASE else SMALL + dict(PARITY_CASES)[name]
+    sim, dist_ = sim_run(overrides), dist_runs(procs) / name
     a, b = torch.load(sim / "checkpoint.pt"), torch.load(dist_ / "checkpoint.pt")
     Xa, Xb = a["rows"]["X"], b["rows"]["X"]
     assert Xb.shape == Xa.shape == (4, Xa.shape[1])  # rank 0 saved the full gathered matrix
     assert (Xb - Xa).abs().max() < 1e-10  # in float64 the difference is rounding only
+    torch.testing.assert_close(b["rows"]["B"], a["rows"]["B"], rtol=0, atol=1e-10)  # BatchNorm statistics, if any
     for key, value in a["optimizer"]["rows"].items():
         assert (b["optimizer"]["rows"][key] - value).abs().max() < 1e-10, key
     for key, value in a["schedule"].get("rows", {}).items():  # compression references and residuals

@@ -1,4 +1,5 @@
-"""The repro suites in their --quick form: every variant runs, results.md and the plot appear."""
+"""The repro suites: their --quick form runs every variant and writes results.md and the plot; the
+paper scale runs the shipped configs/paper files, checked and estimated before anything trains."""
 
 import json
 import re
@@ -6,30 +7,37 @@ import re
 import pytest
 import yaml
 
+from conftest import write_cifar
 from gossamer.cli import main
-from gossamer.repro import LIN_NETWORKS, SUITES, _slug
+from gossamer.config import load_config
+from gossamer.repro import LIN_NETWORKS, PAPER_CONFIGS, SUITES, _slug, build_suite
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     out = tmp_path / suite
     assert main(["repro", suite, "--quick", "--out", str(out), "--set", "weight_decay=0"]) == 0
+    assert "sample gradients; ≈" in capsys.readouterr().out  # the estimated work, printed first
     table = (out / "results.md").read_text()
     assert f"gossamer repro {suite} --seeds 1 --quick --set weight_decay=0`" in table
     for run in (p for p in out.iterdir() if p.is_dir()):  # the override reached every run
         assert yaml.safe_load((run / "config.yaml").read_text())["weight_decay"] == 0
-    for variant in SUITES[suite](True).variants:  # time-to-accuracy: one row per variant, a column per network
+    for variant in build_suite(suite, "cpu", quick=True).variants:  # time-to-accuracy: a column per network
         assert f"| {variant.name.split(' on ')[0]} |" in table
     plots = re.findall(r"!\[[^]]*\]\(([^)]+)\)", table)
     assert plots and all((out / p).stat().st_size > 10_000 for p in plots)
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
     assert main(["repro", suite, "--quick", "--out", str(tmp_path / "other"), "--set", "colour=red"]) == 2
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()
+            if line.startswith("| ")}
     if suite == "consensus-phases":  # control bought a smaller phase-1 Ξ² with extra rounds
-        rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()
-                if line.startswith("| ")}
         ring, ctrl = rows["ring"], rows["ctrl-phase-1 c=1/4"]
         assert float(ctrl[2].split(" ± ")[0]) < float(ring[2].split(" ± ")[0])
         assert float(ctrl[-1].split(" ± ")[0]) > 0
+    if suite == "decentralized-adam":  # a language model: test loss and perplexity, no accuracy
+        assert "test loss (x̄) | test ppl (x̄)" in table and "test acc" not in table
+        assert float(rows["allreduce adam"][3].split(" ± ")[0]) < 1e-9  # All-Reduce keeps Ξ² at 0
+        assert float(rows["ring adam, local moments"][3].split(" ± ")[0]) > 1e-6
     if suite == "time-to-accuracy":
         the_network_changes_time_not_training(out, table)
 
@@ -38,7 +46,7 @@ def the_network_changes_time_not_training(out, table: str) -> None:
     """Each Lin variant trained on both networks: the same training, more simulated seconds on the
     slow one; control's extra rounds cost seconds."""
     fast, slow = LIN_NETWORKS
-    for variant in (v for v in SUITES["time-to-accuracy"](True).variants if v.name.endswith(fast)):
+    for variant in (v for v in build_suite("time-to-accuracy", "cpu", quick=True).variants if v.name.endswith(fast)):
         a, b = (json.loads((out / f"{_slug(v)}-seed0" / "summary.json").read_text())
                 for v in (variant.name, variant.name.replace(fast, slow)))
         assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
@@ -46,3 +54,61 @@ def the_network_changes_time_not_training(out, table: str) -> None:
     assert f"s to target on {fast}" in table and f"s to target on {slow}" in table
     ctrl = next(line for line in table.splitlines() if line.startswith("| ctrl-phase-1 c=1/4"))
     assert float(ctrl.split(" | ")[-1].split(" ± ")[0]) > 0
+
+
+# the shipped file that each paper-scale variant is (up to the reference run of controlled ones)
+PAPER_FILES = {
+    ("ring-scaling", "allreduce n=32"): "kong2021-cifar10-resnet20-allreduce.yaml",
+    ("ring-scaling", "ring n=32"): "kong2021-cifar10-resnet20-ring.yaml",
+    ("ring-scaling", "one-peer-exp n=32"): "kong2021-cifar10-resnet20-exponential.yaml",
+    ("consensus-phases", "dec-phase-1"): "kong2021-cifar10-resnet20-dec-phase-1.yaml",
+    ("consensus-phases", "dec-phase-2"): "kong2021-cifar10-resnet20-dec-phase-2.yaml",
+    ("consensus-phases", "dec-phase-3"): "kong2021-cifar10-resnet20-dec-phase-3.yaml",
+    ("consensus-phases", "ctrl-phase-1 c=1/4"): "kong2021-cifar10-resnet20-phase1-control.yaml",
+    ("decentralized-adam", "allreduce adam"): "kong2021-decentralized-adam.yaml",
+    ("decentralized-adam", "ring adam, local moments"): "kong2021-decentralized-adam-ring.yaml",
+    ("decentralized-adam", "ring adam, moments averaged"): "kong2021-decentralized-adam-ring-averaged-moments.yaml",
+}
+
+
+@pytest.mark.parametrize("suite, variant", sorted(PAPER_FILES))
+def test_paper_scale_runs_the_shipped_configs(suite, variant):
+    s = build_suite(suite, "paper")
+    v = next(v for v in s.variants if v.name == variant)
+    shipped = load_config(PAPER_CONFIGS / PAPER_FILES[suite, variant], ["consensus.target=run:REF"]
+                          if "control" in PAPER_FILES[suite, variant] else [])
+    assert s.config(v).to_dict() == shipped.to_dict()
+
+
+def test_every_paper_config_loads_with_the_papers_values():
+    files = sorted(PAPER_CONFIGS.glob("*.yaml"))
+    assert len(files) == 14
+    for path in files:
+        text = path.read_text()
+        assert text.startswith("# ") and ("Lin" in text or "Kong" in text)  # names its source
+        cfg = load_config(path)
+        if path.name.startswith("lin2020"):  # K = 16, B = 128, peak lr 0.1 per 64 samples = 3.2
+            assert (cfg.workers, cfg.batch_size, cfg.lr * cfg.workers) == (16, 128, 3.2)
+        if "cifar10" in path.name:
+            assert (cfg.model, cfg.dataset, cfg.epochs, cfg.milestones, cfg.warmup_epochs) == \
+                ("resnet20", "cifar10", 300, [150.0, 225.0], 5.0)
+            assert (cfg.momentum, cfg.nesterov, cfg.weight_decay) == (0.9, True, 1e-4)
+        if path.name.startswith("kong2021-cifar10"):  # local batch 32, lr 0.05 n
+            assert (cfg.batch_size, cfg.lr) == (32, 0.05)
+    assert load_config(PAPER_CONFIGS / "lin2020-cifar10-resnet20-post-local-sgd.yaml").switch_epoch == 150
+    assert "unconfirmed" in (PAPER_CONFIGS / "lin2020-cifar10-resnet20-hierarchical.yaml").read_text()
+
+
+def test_paper_scale_dry_run_prints_the_work_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GOSSAMER_DATA", str(write_cifar(tmp_path / "data", train=3200, test=100)))
+    out = tmp_path / "never"
+    assert main(["repro", "ring-scaling", "--scale", "paper", "--dry-run", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    # n = 16, 32, 64: 300 epochs of 3200 images, 6, 3, 1 steps of 32 per worker; 3 variants each
+    assert "9 variants × 1 seed(s): 9,000 steps, 7,372,800 sample gradients" in printed
+    assert not out.exists()
+    assert main(["repro", "ring-scaling", "--scale", "paper", "--quick"]) == 2
+    assert main(["repro", "time-to-accuracy", "--scale", "paper", "--dry-run"]) == 2  # CPU scale only
+    monkeypatch.setenv("GOSSAMER_DATA", str(tmp_path / "nothing"))
+    assert main(["repro", "consensus-phases", "--scale", "paper", "--dry-run", "--set", "download=false"]) == 2
+    assert "CIFAR-10 (cifar-10-batches-bin/" in capsys.readouterr().err

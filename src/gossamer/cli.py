@@ -23,9 +23,9 @@ from .checkpoint import check_resumable
 from .codecs import CODECS
 from .config import KINDS, ConfigError, from_dict, load_config
 from .network import PRESETS, NetworkConfig
-from .repro import SUITES, run_suite
 from .report import (AXES, COMPARED, RunDir, axis_table, comparison_table, load_checkpoint, plot_runs, read_summary,
                      reference_trajectory, saved_config)
+from .repro import SCALES, SUITES, run_suite
 from .topology import TOPOLOGIES, analyse, build_topology
 from .train import Diverged, Interrupted, build_run, train
 
@@ -236,16 +236,17 @@ def cmd_demo(args) -> int:
 
 
 def cmd_repro(args) -> int:
-    """A paper experiment suite: every variant × seed, then results.md and a Ξ² plot."""
-
+    """A paper experiment suite: every variant × seed, then results.md and its plots."""
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite and not args.dry_run:
         raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
     results = run_suite(args.suite, out, args.seeds, args.quick,
                         lambda cfg, run_out: run_training(cfg, run_out, overwrite=True, progress=False),
-                        overrides=args.set)
+                        overrides=args.set, scale=args.scale, dry_run=args.dry_run)
+    if results is None:
+        return 0
     print(results.read_text())
     print(f"results written to {results}")
     return 0
@@ -316,11 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
 
-    r = sub.add_parser("repro", help=f"the papers' experiments at small scale: {', '.join(SUITES)}")
+    r = sub.add_parser("repro", help="the papers' experiments: " + ", ".join(SUITES))
     r.add_argument("suite", choices=list(SUITES))
+    r.add_argument("--scale", choices=SCALES, default="cpu",
+                   help="cpu: a small workload two CPU cores run (default); paper: the papers' configs in configs/paper/ (GPUs)")
     r.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std over them)")
     r.add_argument("--out", help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
-    r.add_argument("--quick", action="store_true", help="tiny smoke-test version (under a minute)")
+    r.add_argument("--quick", action="store_true", help="tiny smoke-test version of --scale cpu (about a minute)")
+    r.add_argument("--dry-run", action="store_true", help="check every config and print the estimated work; train nothing")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the suite's base config for every variant (e.g. lr=0.005)")
     r.add_argument("--overwrite", action="store_true", help="reuse a non-empty --out")

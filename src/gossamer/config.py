@@ -41,6 +41,7 @@ DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
+BN_EVALS = ("average", "recompute")
 LOGGERS = ("none", "csv", "tensorboard")  # besides metrics.jsonl: metrics.csv, or TensorBoard scalars
 
 
@@ -74,6 +75,9 @@ class Config:
     partition: str = "iid"
     dirichlet_alpha: float = 0.5
     model: str = "cnn1d"
+    # BatchNorm statistics of the averaged model x̄ at evaluation: "average" (the mean of the workers')
+    # or "recompute" (re-estimated with x̄ on training batches); None: "average" where the model has them
+    bn_eval: str | None = None
     seed: int = 0
     eval_every: int = 1  # epochs
     checkpoint_every: float = 1.0  # epochs (fractions allowed); and always at the last step
@@ -107,6 +111,8 @@ class Config:
         _choice(self, "lr_scaling", LR_SCALINGS)
         _choice(self, "grad_backend", GRAD_BACKENDS)
         _choice(self, "dtype", DTYPES)
+        if self.bn_eval is not None:
+            _choice(self, "bn_eval", BN_EVALS)
         _choice(self, "logger", LOGGERS)
         if self.logger == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
             raise ConfigError("logger tensorboard needs the tensorboard package: pip install 'gossamer[tensorboard]'")
@@ -369,17 +375,41 @@ def set_dotted(values: dict[str, Any], key: str, value: Any) -> None:
     node[leaf] = value
 
 
+def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """The keys of a YAML config file. A file may name a ``base`` config file (a path relative to
+    itself) whose keys it extends and overrides, sections key by key."""
+    loaded = read_yaml(path)
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"config file '{_short(path)}' must hold a mapping of keys to values")
+    values = loaded or {}
+    parent = values.pop("base", None)
+    if parent is None:
+        return values
+    if not isinstance(parent, str):
+        raise ConfigError(f"base in '{_short(path)}' must be the path of a config file, got {_short(parent)}")
+    parent_path = Path(path).parent / parent
+    if parent_path.resolve() in _seen:
+        raise ConfigError(f"config file '{_short(path)}' names base '{_short(parent)}', which leads back to itself")
+    merged = read_config_file(parent_path, (*_seen, Path(path).resolve()))
+    _merge(merged, values)
+    return merged
+
+
+def _merge(into: dict[str, Any], values: dict[str, Any]) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = (),
                 base: dict[str, Any] | None = None) -> Config:
-    """Defaults, then ``base`` (e.g. a saved run's config), then the YAML file (if any), then each
-    ``KEY=VALUE`` override in order."""
+    """Defaults, then ``base`` (e.g. a saved run's config), then the YAML file (if any, with the
+    files it names as its ``base``), then each ``KEY=VALUE`` override in order."""
     values: dict[str, Any] = copy.deepcopy(base or {})
     if path is not None:
-        loaded = read_yaml(path)
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"config file '{_short(path)}' must hold a mapping of keys to values")
-        values.update(loaded or {})
+        values.update(read_config_file(path))
     for text in overrides:
         set_dotted(values, *parse_override(text))
     return from_dict(values)
-

@@ -314,19 +314,30 @@ def read_summary(path: str | Path, keys: tuple[str, ...] = ()) -> dict:
     return summary
 
 
-COMPARED = ("test_accuracy", "test_accuracy_local_mean", "final_consensus_distance_sq", "comm_rounds",
-            "bytes_per_worker")  # the summary keys the comparison table reads
-COLUMNS = [("run", "{}"), ("test acc", "{:.4f}"), ("local acc", "{:.4f}"), ("final Ξ²", "{:.3e}"),
-           ("comm rounds", "{:d}"), ("MB/worker", "{:.2f}")]
+COMPARED = ("final_consensus_distance_sq", "comm_rounds", "bytes_per_worker")  # what every compared summary has
+# the test metrics a summary may hold: key, header for x̄, header for the local mean, format
+TEST_METRICS = [("test_accuracy", "test acc", "local acc", "{:.4f}"),
+                ("test_loss", "test loss", "local loss", "{:.4f}"),
+                ("test_perplexity", "test ppl", "local ppl", "{:.2f}")]
+
+
+def test_metrics(summaries) -> list[tuple[str, str, str, str]]:
+    """The entries of TEST_METRICS that every summary has, for x̄ and as the local mean (accuracy
+    for classifiers; loss and perplexity for language models)."""
+    return [m for m in TEST_METRICS if all(m[0] in s and m[0] + "_local_mean" in s for s in summaries)]
 
 
 def comparison_table(runs: dict[str, dict]) -> str:
-    """A Markdown table of named run summaries: accuracy, final Ξ², communication."""
-    lines = ["| " + " | ".join(c for c, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """A Markdown table of named run summaries: the test metrics, final Ξ², communication."""
+    metrics = test_metrics(runs.values())
+    head = ["run", *[h for _, x_bar, local, _ in metrics for h in (x_bar, local)], "final Ξ²", "comm rounds",
+            "MB/worker"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in runs.items():
-        values = [name, s["test_accuracy"], s["test_accuracy_local_mean"], s["final_consensus_distance_sq"],
-                  s["comm_rounds"], s["bytes_per_worker"] / 1e6]
-        lines.append("| " + " | ".join(f.format(v) for (_, f), v in zip(COLUMNS, values)) + " |")
+        cells = [name, *[fmt.format(s[k + suffix]) for k, _, _, fmt in metrics for suffix in ("", "_local_mean")],
+                 f"{s['final_consensus_distance_sq']:.3e}", f"{s['comm_rounds']:d}",
+                 f"{s['bytes_per_worker'] / 1e6:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

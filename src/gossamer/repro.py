@@ -1,9 +1,15 @@
-"""``gossamer repro``: the papers' experiments at a scale two CPU cores can run.
+"""``gossamer repro``: the papers' experiments, at the papers' scale or at a scale two CPU cores run.
 
-A suite is a list of variants (config overrides) run for several seeds on MNIST-1D with the
-1-D CNN; it writes every run, ``results.md`` (mean ± std over seeds) and plots: by default Ξ²
-over training with the learning-rate phases marked; ``time-to-accuracy`` its own tables of
-simulated time and plots of accuracy against it.
+A suite is a list of variants (config overrides) run for several seeds; it writes every run,
+``results.md`` (mean ± std over seeds of the test metrics, Ξ² per learning-rate phase,
+communication) and a plot of Ξ² over training with the phases marked; ``time-to-accuracy``
+instead its tables of simulated time to a target accuracy and plots of accuracy against it.
+
+Scales: ``cpu`` (the default) runs each suite on a small workload from a base list of overrides
+(MNIST-1D and the 1-D CNN; the character Transformer on the offline ``pydoc-topics`` text for
+``decentralized-adam``), ``--quick`` a smoke-test version of it; ``paper`` runs the same
+variants on top of the papers' configurations in ``configs/paper/`` (CIFAR-10 ResNet-20, meant
+for GPUs). The estimated work is printed before anything trains.
 """
 
 from __future__ import annotations
@@ -14,9 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .config import load_config
-from .report import plot_consensus, plot_runs, read_rows, read_summary
+import torch
+
+from .config import Config, ConfigError, load_config
+from .report import plot_consensus, plot_runs, read_rows, read_summary, test_metrics
 from .train import reached_target
+
+SCALES = ("cpu", "paper")
+PAPER_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "paper"
 
 
 @dataclass
@@ -31,10 +42,21 @@ class Variant:
 @dataclass
 class Suite:
     title: str
-    base: list[str]  # overrides shared by every variant
+    base: list[str]  # overrides shared by every variant (applied to base_file, if any)
     variants: list[Variant] = field(default_factory=list)
     reference: str | None = None  # name of the variant whose run controlled variants follow
+    base_file: str | None = None  # paper scale: the configs/paper file every variant starts from
     report: Callable | None = None  # (suite, configs, out, seeds) → results.md body, plots written; default: Ξ²
+
+    def config(self, v: Variant, seed: int = 0, ref: str = "REF") -> Config:
+        """The config of variant ``v`` for one seed (``ref``: the reference run's directory)."""
+        path = None
+        if self.base_file is not None:
+            path = PAPER_CONFIGS / self.base_file
+            if not path.is_file():
+                raise ConfigError(f"--scale paper reads {path}, which is missing: run from a source checkout of gossamer")
+        return load_config(path, [*self.base, f"workers={v.workers}", f"seed={seed}",
+                                  *[o.replace("{ref}", ref) for o in v.overrides]])
 
 
 def _base(quick: bool, epochs: int) -> list[str]:
@@ -46,10 +68,17 @@ def _base(quick: bool, epochs: int) -> list[str]:
             "weight_decay=1e-4", "eval_every=5", "model=cnn1d"]
 
 
-def ring_scaling(quick: bool) -> Suite:
+KONG_CIFAR = "kong2021-cifar10-resnet20-allreduce.yaml"
+
+
+def ring_scaling(scale: str, quick: bool) -> Suite:
     """All-Reduce vs ring vs one-peer exponential graph as n grows (Kong et al.: the gap grows with n)."""
     sizes = (4, 8) if quick else (16, 32, 64)  # quick: 1000 samples leave 100 per worker at n = 8
-    suite = Suite("ring-scaling: test accuracy and Ξ² as n grows", _base(quick, 4 if quick else 40))
+    if scale == "paper":
+        suite = Suite("ring-scaling (paper scale): CIFAR-10 ResNet-20, test accuracy and Ξ² as n grows", [],
+                      base_file=KONG_CIFAR)
+    else:
+        suite = Suite("ring-scaling: test accuracy and Ξ² as n grows", _base(quick, 4 if quick else 40))
     for n in sizes:
         suite.variants += [
             Variant(f"allreduce n={n}", ["algorithm=allreduce"], n),
@@ -59,10 +88,14 @@ def ring_scaling(quick: bool) -> Suite:
     return suite
 
 
-def consensus_phases(quick: bool) -> Suite:
+def consensus_phases(scale: str, quick: bool) -> Suite:
     """Kong et al.'s phase study: which phase needs a small Ξ (ring, phases = lr phases)."""
     n = 8 if quick else 32
-    suite = Suite(f"consensus-phases: ring, n = {n}", _base(quick, 4 if quick else 40), reference="ring")
+    if scale == "paper":
+        suite = Suite(f"consensus-phases (paper scale): CIFAR-10 ResNet-20, ring, n = {n}", [], reference="ring",
+                      base_file=KONG_CIFAR)
+    else:
+        suite = Suite(f"consensus-phases: ring, n = {n}", _base(quick, 4 if quick else 40), reference="ring")
     gossip = ["algorithm=gossip", "topology=ring"]
     suite.variants = [
         Variant("allreduce", ["algorithm=allreduce"], n),
@@ -79,11 +112,36 @@ def consensus_phases(quick: bool) -> Suite:
     return suite
 
 
+def decentralized_adam(scale: str, quick: bool) -> Suite:
+    """Kong et al.: decentralized Adam with local moments vs All-Reduce Adam, and gossip with the
+    moments averaged (mixed with the parameters), on the character Transformer."""
+    n = 4 if quick else 16
+    if scale == "paper":
+        suite = Suite(f"decentralized-adam (paper scale, stand-in workload): char Transformer, ring, n = {n}", [],
+                      base_file="kong2021-decentralized-adam.yaml")
+    else:
+        epochs = 2 if quick else 16
+        # the offline pydoc-topics text (≈ 419 K training characters), windows of 64 characters;
+        # Adam with a warm-up and ×0.1 at 50 % and 75 % of training, as the SGD suites
+        size = ["text_chars=40000", "context=32", "width=32"] if quick else ["context=64", "width=64"]
+        suite = Suite(f"decentralized-adam: char Transformer, Adam, ring, n = {n}",
+                      ["dataset=text", "model=transformer", *size, "layers=2", "heads=4", "batch_size=16",
+                       f"epochs={epochs}", f"milestones=[{epochs / 2},{epochs * 3 / 4}]", "optimizer=adam",
+                       "lr=0.001", f"warmup_epochs={0 if quick else 1}", f"eval_every={1 if quick else 4}"])
+    gossip = ["algorithm=gossip", "topology=ring"]
+    suite.variants = [
+        Variant("allreduce adam", ["algorithm=allreduce"], n),
+        Variant("ring adam, local moments", gossip, n),
+        Variant("ring adam, moments averaged", [*gossip, "average_optimizer_state=true"], n),
+    ]
+    return suite
+
+
 LIN_NETWORKS = ("infiniband-100g", "ethernet-1g")  # the fast and the slow network between nodes
 KONG_NETWORK = "ethernet-1g"
 
 
-def time_to_accuracy(quick: bool) -> Suite:
+def time_to_accuracy(scale: str, quick: bool) -> Suite:
     """Both papers' time claims: test accuracy and simulated time to a target accuracy.
 
     Lin et al. (n = 16 as 4 nodes of 4 workers, NVLink inside, a fast and a slow network between
@@ -92,7 +150,10 @@ def time_to_accuracy(quick: bool) -> Suite:
     All-Reduce, ring, one-peer exponential, the ring in phase 1 only (dec-phase-1) and phase-1
     control at c = 1/2 and 1/4, whose reference is dec-phase-1 (its phase 1 is the ring's): the cost
     of control is its time beyond dec-phase-1's. A step computes for ``compute_ms`` = 1 ms (4 ms at
-    the 4× batch); measurement is free (count_metrics: false)."""
+    the 4× batch); measurement is free (count_metrics: false). CPU scale only."""
+    if scale == "paper":
+        raise ConfigError("time-to-accuracy runs at --scale cpu only: its paper-scale version (the CIFAR-10 "
+                          "configs of both papers on both networks) is not built")
     n_lin, n_kong, per_node = (4, 4, 2) if quick else (16, 32, 4)
     epochs = 2 if quick else 20
     base = [*_base(quick, epochs), "eval_every=1", "compute_ms=1", f"target_accuracy={0.1 if quick else 0.55}"]
@@ -129,12 +190,98 @@ def time_to_accuracy(quick: bool) -> Suite:
     return suite
 
 
-SUITES: dict[str, Callable[[bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
-                                              "time-to-accuracy": time_to_accuracy}
+SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
+                                                   "decentralized-adam": decentralized_adam,
+                                                   "time-to-accuracy": time_to_accuracy}
+
+
+def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
+    if scale not in SCALES:
+        raise ConfigError(f"unknown scale '{scale}'; choose one of: {', '.join(SCALES)}")
+    if quick and scale != "cpu":
+        raise ConfigError("--quick is the smoke-test version of --scale cpu; it does not apply to --scale paper")
+    return SUITES[name](scale, quick)
+
+
+def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
+              overrides: list[str] = (), scale: str = "cpu", dry_run: bool = False) -> Path | None:
+    """Run every variant for every seed into ``out``; write results.md and the suite's plots.
+
+    ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant. Every config
+    is checked and the estimated work printed before anything trains; ``dry_run`` stops there."""
+    suite = build_suite(name, scale, quick)
+    suite.base += list(overrides)
+    configs = {v.name: suite.config(v) for v in suite.variants}  # check every config before training anything
+    log(f"[{name}] {len(configs)} variants × {seeds} seed(s): {estimate_work(list(configs.values()), seeds)}")
+    if dry_run:
+        return None
+    for seed in range(seeds):
+        for v in suite.variants:
+            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
+            log(f"[{name}] seed {seed}: {v.name}")
+            train_run(suite.config(v, seed, str(ref)), out / f"{_slug(v.name)}-seed{seed}")
+    command = (f"gossamer repro {name} --seeds {seeds}{' --scale paper' if scale == 'paper' else ''}"
+               f"{' --quick' if quick else ''}{''.join(' --set ' + o for o in overrides)}")
+    results = out / "results.md"
+    base = f" on `configs/paper/{suite.base_file}`" if suite.base_file else ""
+    head = (f"# {suite.title}\n\nCommand: `{command}`; mean ± std over {seeds} seed(s). "
+            f"Base config{base}: `{' '.join(suite.base)}`.\n\n")
+    results.write_text(head + (suite.report or _consensus_report)(suite, configs, out, seeds))
+    return results
+
+
+def estimate_work(configs: list[Config], seeds: int = 1) -> str:
+    """Steps, sample gradients and FLOPs of training and evaluating the runs of ``configs``, each
+    ``seeds`` times: matmul and convolution FLOPs of one sample counted by
+    ``torch.utils.flop_counter`` (forward + backward for training, forward for evaluation of x̄
+    and the n local models), times the samples. Communication and Ξ² are not counted."""
+    from .data import load_dataset
+    from .data.partition import steps_per_epoch
+
+    steps = samples = train_flops = eval_flops = 0
+    datasets: dict = {}
+    for cfg in configs:
+        data_key = (cfg.dataset, repr(cfg.options["dataset"]))
+        if data_key not in datasets:
+            datasets[data_key] = load_dataset(cfg)
+        data = datasets[data_key]
+        forward, forward_backward = sample_flops(cfg, data)
+        run_steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+        evaluations = sum((e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs for e in range(cfg.epochs))
+        steps += seeds * run_steps
+        samples += seeds * run_steps * cfg.workers * cfg.batch_size
+        train_flops += seeds * run_steps * cfg.workers * cfg.batch_size * forward_backward
+        eval_flops += seeds * evaluations * (cfg.workers + 1) * len(data.y_test) * forward
+    return (f"{steps:,} steps, {samples:,} sample gradients; ≈ {_flop(train_flops)} of training and "
+            f"{_flop(eval_flops)} of evaluation (matmuls and convolutions)")
+
+
+def _flop(x: float) -> str:
+    for unit, size in (("E", 1e18), ("P", 1e15), ("T", 1e12)):
+        if x >= size:
+            return f"{x / size:.3g} {unit}FLOP"
+    return f"{x / 1e9:.3g} GFLOP"
+
+
+def sample_flops(cfg: Config, data) -> tuple[int, int]:
+    """(forward, forward + backward) FLOPs of the model of ``cfg`` on one training sample."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from .models import build_model
+    from .tasks import TASKS
+
+    with torch.random.fork_rng():
+        model = build_model(cfg, data)
+    x, y = data.x_train[:1], data.y_train[:1]
+    with FlopCounterMode(display=False) as forward:
+        output = model(x)
+    with FlopCounterMode(display=False) as backward:
+        TASKS[data.task].loss(output, y).backward()
+    return forward.get_total_flops(), forward.get_total_flops() + backward.get_total_flops()
 
 
 def _slug(name: str) -> str:
-    return name.replace(" ", "_").replace("=", "").replace("/", "-")
+    return name.replace(" ", "_").replace("=", "").replace("/", "-").replace(",", "")
 
 
 def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
@@ -148,33 +295,6 @@ def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
     return [s / max(c, 1) for s, c in zip(sums, counts)]
 
 
-def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
-              overrides: list[str] = ()) -> Path:
-    """Run every variant for every seed into ``out``; write results.md and the suite's plots.
-
-    ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant."""
-    suite = SUITES[name](quick)
-    suite.base += list(overrides)
-    configs = {}
-    for v in suite.variants:  # check every config before training anything
-        configs[v.name] = load_config(None, [*suite.base, f"workers={v.workers}",
-                                             *[o.replace("{ref}", "REF") for o in v.overrides]])
-    for seed in range(seeds):
-        for v in suite.variants:
-            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
-            overrides = [*suite.base, f"workers={v.workers}", f"seed={seed}",
-                         *[o.replace("{ref}", str(ref)) for o in v.overrides]]
-            log(f"[{name}] seed {seed}: {v.name}")
-            train_run(load_config(None, overrides), out / f"{_slug(v.name)}-seed{seed}")
-    results = out / "results.md"
-    command = (f"gossamer repro {name} --seeds {seeds}{' --quick' if quick else ''}"
-               f"{''.join(' --set ' + o for o in suite.base[len(SUITES[name](quick).base):])}")
-    head = (f"# {suite.title}\n\nCommand: `{command}`; mean ± std over {seeds} seed(s). "
-            f"Base config: `{' '.join(suite.base)}`.\n\n")
-    results.write_text(head + (suite.report or _consensus_report)(suite, configs, out, seeds))
-    return results
-
-
 def _mean_std(values: list[float], fmt: str) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(std)}"
@@ -185,20 +305,21 @@ def _runs(name: str, out: Path, seeds: int) -> list[Path]:
 
 
 def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str:
-    """The table of test accuracy, mean Ξ² per learning-rate phase and rounds; the Ξ² plot."""
+    """The table of the test metrics, mean Ξ² per learning-rate phase and rounds; the Ξ² plot."""
     boundaries = configs[suite.variants[0].name].milestones
     phases = len(boundaries) + 1
-    head = ["variant", "test acc (x̄)", *[f"mean Ξ² phase {k + 1}" for k in range(phases)],
-            "comm rounds", "extra gossip rounds"]
+    summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
+    metrics = test_metrics([s for runs in summaries.values() for s in runs])
+    head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics],
+            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "comm rounds", "extra gossip rounds"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
-        runs = _runs(v.name, out, seeds)
-        summaries = [read_summary(r) for r in runs]
-        per_phase = [phase_means(r / "metrics.jsonl", boundaries) for r in runs]
-        cells = [v.name, _mean_std([s["test_accuracy"] for s in summaries], "{:.4f}"),
+        per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in range(seeds)]
+        runs = summaries[v.name]
+        cells = [v.name, *[_mean_std([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
-                 _mean_std([s["comm_rounds"] for s in summaries], "{:.0f}"),
-                 _mean_std([s["extra_gossip_rounds"] for s in summaries], "{:.0f}")]
+                 _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
+                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}")]
         lines.append("| " + " | ".join(cells) + " |")
     plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
                    boundaries, out / "consensus.png", suite.title)

@@ -14,10 +14,11 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
+from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
 
 from .algorithms import Context, Schedule, Step, build_schedule
@@ -110,13 +111,18 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     data = (data or load_dataset(cfg)).to(device, dtype)
+    cfg.options["dataset"] = replace(cfg.options["dataset"], **data.resolved)  # e.g. a text's vocabulary
     task = TASKS[data.task]
     engine = engine or build_engine(cfg, device)
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+    if cfg.partition == "dirichlet" and data.task != "classification":
+        raise ConfigError(f"partition 'dirichlet' splits classes among workers; dataset '{cfg.dataset}' is a "
+                          f"{data.task} task: use partition: iid")
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)
               if cfg.partition == "dirichlet" else None)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, data).to(dtype)
+    cfg.bn_eval = resolve_bn_eval(cfg, model)
     _check_memory(engine.m, sum(p.numel() for p in model.parameters()), dtype, device)
     workers = WorkerMatrix(model, engine.m, device, backend=cfg.grad_backend, loss=task.loss)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
@@ -181,12 +187,50 @@ def epoch_indices(run: Run, epoch: int) -> torch.Tensor:
     return idx.to(run.data.y_train.device)
 
 
-def evaluate(run: Run) -> dict[str, float]:
-    """The task's test metrics of the averaged model x̄ (with averaged buffers), and their mean
-    over the local models (``*_local_mean``)."""
+def resolve_bn_eval(cfg: Config, model: torch.nn.Module) -> str | None:
+    """``bn_eval`` for this model: "average" by default where it has BatchNorm running statistics
+    (floating buffers); a ConfigError where it has none and bn_eval was given."""
+    has_stats = any(b.is_floating_point() for b in model.buffers())
+    if cfg.bn_eval is not None and not has_stats:
+        raise ConfigError(f"bn_eval applies to models with BatchNorm running statistics; model '{cfg.model}' "
+                          f"as configured has none")
+    return cfg.bn_eval or ("average" if has_stats else None)
+
+
+RECOMPUTE_BATCHES = 8  # bn_eval: recompute — training batches of n·B samples (fewer if the set is smaller)
+
+
+def recompute_batches(run: Run, t: int) -> list[torch.Tensor]:
+    """The inputs ``bn_eval: recompute`` re-estimates x̄'s statistics on before step t's evaluation:
+    RECOMPUTE_BATCHES augmented training batches of n·B samples, drawn with step t's seed (the
+    same on every process)."""
+    cfg, data = run.cfg, run.data
+    n, b = cfg.workers, cfg.batch_size
+    count = min(RECOMPUTE_BATCHES, len(data.y_train) // (n * b))
+    seed = _batch_seed(cfg.seed, t)
+    perm = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(seed))
+    idx = perm[: count * n * b].view(count, n, b).to(data.y_train.device)
+    return [data.train_batch(idx[k], range(n), seed=seed + k + 1)[0].flatten(0, 1) for k in range(count)]
+
+
+def averaged_model(run: Run, t: int) -> torch.nn.Module:
+    """The averaged model x̄ in eval mode, with the BatchNorm statistics ``bn_eval`` says: the mean
+    of the workers' (``average``), or re-estimated with x̄ (``recompute``: reset, then the
+    cumulative mean of the batch statistics of x̄ on :func:`recompute_batches`)."""
+    w, e = run.workers, run.engine
+    model = w.model_at(e.mean_row(w.X), e.mean_row(w.B))
+    if run.cfg.bn_eval == "recompute":
+        with torch.no_grad():
+            update_bn(recompute_batches(run, t), model)
+    return model
+
+
+def evaluate(run: Run, t: int) -> dict[str, float]:
+    """The task's test metrics of the averaged model x̄ (statistics per ``bn_eval``, see
+    :func:`averaged_model`), and their mean over the local models (``*_local_mean``, each with its
+    own statistics)."""
     w, e, d = run.workers, run.engine, run.data
-    x_bar, b_bar = e.mean_row(w.X), e.mean_row(w.B)
-    metrics = run.task.evaluate(w.model_at(x_bar, b_bar), d.x_test, d.y_test)
+    metrics = run.task.evaluate(averaged_model(run, t), d.x_test, d.y_test)
     local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in range(w.m)]
     for key in list(metrics):
         metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local], dtype=torch.float64))
@@ -258,7 +302,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
         if measure:
             row = metrics
         if evaluating:
-            row.update(evaluate(run))
+            row.update(evaluate(run, t))
             row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
             bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
                             xi2=f"{row['consensus_distance_sq']:.2e}")
@@ -290,6 +334,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
         "extra_gossip_rounds": state.extra_gossip_rounds,
         "steps": cfg.epochs * S,
         "parameters": w.d,
+        **({"bn_eval": cfg.bn_eval} if cfg.bn_eval else {}),
         **_time_summary(run, state),
         "wall_seconds": time.perf_counter() - start,
     }

@@ -7,22 +7,31 @@ into its row of ``X`` and whose ``.grad`` tensors are views into its row of ``G`
 straight into ``G`` and every optimizer or communication operator is a row-wise tensor op, with
 no copies between modules and matrices. Operators must therefore update ``X`` in place.
 
-Two gradient backends compute the same per-worker losses and gradients (tests/test_workers.py):
+Two gradient backends compute the same per-worker losses, gradients and BatchNorm statistics
+(tests/test_workers.py):
 
-- ``loop``: forward and backward of each replica in turn; backward writes into its row of G.
-  One worker's activations are alive at a time, so memory is n models + one set of activations.
-- ``vmap``: ``torch.func.vmap`` of ``functional_call`` over X viewed per parameter [m, *shape]
-  and the batches [m, b, ...]: one batched forward for all workers (a grouped conv, a batched
-  matmul), then one ordinary backward that accumulates into G's column blocks. Under vmap,
-  BatchNorm does not write its running statistics back into batched buffers, so models with
-  floating buffers use ``loop``.
+- ``loop``: forward and backward of each replica in turn; backward writes into its row of G and
+  BatchNorm updates the running statistics in its row of B. One worker's activations are alive
+  at a time, so memory is n models + one set of activations.
+- ``vmap``: ``torch.func.vmap`` of ``functional_call`` over X viewed per parameter [m, *shape],
+  B viewed per buffer [m, *shape] and the batches [m, b, ...]: one batched forward for all
+  workers (a grouped convolution, a batched matmul, one batch norm over m·C channels), then one
+  ordinary backward that accumulates into G's column blocks. BatchNorm's batching rule updates
+  batched running statistics in place only in contiguous tensors, so each step copies B's
+  column blocks (d_b values per worker: 0.5 % of d for ResNet-20) into contiguous ones and back.
 
-``auto`` picks ``loop`` for models with floating buffers, for one worker, and for float64
-convolutional models with fewer than 8 workers (no oneDNN kernel for float64: the vmapped grouped
-convolution lost to the loop there); else ``vmap``, which was 2.3-5.4x faster than the loop for the
-MLP and the 1-D CNN in float32 at n = 16 and 64 on 2 CPU cores (docs/benchmarks.md, benchmark 4):
-the loop pays the fixed per-op cost of tiny ops n times. The rule is fixed, not timed at run
-time, so that the same config always takes the same path (and gives the same numbers).
+``auto`` picks ``loop`` for one worker; on CUDA, ``vmap`` (each layer of the n workers is one
+kernel instead of n launches; chosen without a GPU measurement, see docs/benchmarks.md). On CPU
+it picks by model size: ``vmap`` below 50,000 parameters, where the loop pays the fixed per-op
+cost of tiny ops n times (vmap was 1.8-5.4x faster for the MLP and the 1-D CNN, 5-16 K
+parameters, at n = 16 and 64 on 2 CPU cores, in two runs of docs/benchmarks.md) — except float64 convolutional models with fewer
+than 8 workers (no oneDNN kernel for float64: the grouped convolution lost to the loop there);
+``loop`` from 50,000 parameters on, where the step is compute-bound and CPU kernels on one
+worker's batch are as fast as vmap's batched ones or faster (vmap was 1.2-3.4x slower than the
+loop for ResNet-20, 0.27 M, at n = 16 and 64, b = 8 and 32, and 1.06x for the char Transformer,
+0.43 M, at n = 16: docs/benchmarks.md, benchmark 2).
+The rule is fixed, not timed at run time, so that the same config always takes the same path
+(and gives the same numbers).
 """
 
 from __future__ import annotations
@@ -39,6 +48,7 @@ from torch.func import functional_call, vmap
 from .tasks import cross_entropy
 
 GRAD_BACKENDS = ("auto", "loop", "vmap")
+VMAP_MAX_PARAMETERS_CPU = 50_000  # auto on CPU: vmap below, loop from here on (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -114,7 +124,7 @@ class WorkerMatrix:
         self.G = torch.zeros_like(self.X)
         self.B = b0.to(device).repeat(m, 1)
         self.replicas = [self._bind(copy.deepcopy(self.template), i).train() for i in range(m)]
-        self.backend = choose_backend(self.template, m, backend)
+        self.backend = choose_backend(self.template, m, backend, torch.device(device))
         if self.backend == "vmap":
             self._vmap_init()
 
@@ -150,12 +160,13 @@ class WorkerMatrix:
             leaf = self.X[:, s.offset : s.offset + s.numel].view(m, *s.shape).detach().requires_grad_()
             leaf.grad = self.G[:, s.offset : s.offset + s.numel].view(m, *s.shape)
             self._leaves[s.name] = leaf
-        # non-floating buffers (e.g. BatchNorm's num_batches_tracked) are passed, unbatched
+        # non-floating buffers (e.g. BatchNorm's num_batches_tracked) are passed, unbatched: with a
+        # momentum, BatchNorm's update does not read them
         others = {n: b for n, b in template.named_buffers() if not b.is_floating_point()}
         objective = self.loss
 
-        def loss(params, x, y):
-            return objective(functional_call(template, (params, others), (x,)), y)
+        def loss(params, buffers, x, y):
+            return objective(functional_call(template, (params, buffers, others), (x,)), y)
 
         # vmap of the forward only; the backward is ordinary autograd through the batched ops (a
         # grad transform inside vmap would import torch._dynamo, ~1 s of start-up, and copy into G)
@@ -164,7 +175,12 @@ class WorkerMatrix:
     def _loss_and_grad_vmap(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.G.zero_()
         self.template.train()
-        losses = self._vmapped_loss(self._leaves, x, y)
+        m, B = self.m, self.B
+        buffers = {s.name: B[:, s.offset : s.offset + s.numel].view(m, *s.shape).contiguous()
+                   for s in self.buffer_slots}  # updated in place by the forward (running statistics)
+        losses = self._vmapped_loss(self._leaves, buffers, x, y)
+        for s in self.buffer_slots:
+            B[:, s.offset : s.offset + s.numel].copy_(buffers[s.name].view(m, s.numel))
         with warnings.catch_warnings():
             # the leaves are column blocks of X (row stride d), their grads the same blocks of G:
             # autograd warns that this layout is not the dense one it prefers, and accumulates anyway
@@ -192,20 +208,20 @@ class WorkerMatrix:
         return self.template.eval()
 
 
-def choose_backend(model: nn.Module, m: int, backend: str = "auto") -> str:
-    """The gradient backend for ``m`` replicas of ``model``: ``loop`` or ``vmap`` (see module doc)."""
+def choose_backend(model: nn.Module, m: int, backend: str = "auto", device: torch.device | None = None) -> str:
+    """The gradient backend for ``m`` replicas of ``model`` on ``device``: ``loop`` or ``vmap`` (see module doc)."""
     if backend not in GRAD_BACKENDS:
         raise ValueError(f"grad_backend must be one of {', '.join(GRAD_BACKENDS)}; got '{backend}'")
-    has_buffers = bool(float_buffers(model))
-    if backend == "vmap" and has_buffers:
-        raise ValueError("grad_backend 'vmap' cannot update the model's BatchNorm running statistics "
-                         "(floating buffers); use grad_backend=loop or auto")
-    if backend == "auto":
-        if has_buffers or m == 1:
-            return "loop"
-        # float64 convolutions have no oneDNN kernel; their grouped (vmapped) fallback lost to the
-        # loop below 8 workers (1.5x at n = 2 and 4, CNN1D), and won from n = 16 on
-        convs = any(isinstance(mod, nn.modules.conv._ConvNd) for mod in model.modules())
-        float64 = any(p.dtype == torch.float64 for p in model.parameters())
-        return "loop" if convs and float64 and m < 8 else "vmap"
-    return backend
+    if backend != "auto":
+        return backend
+    if m == 1:
+        return "loop"
+    if device is not None and device.type == "cuda":
+        return "vmap"
+    if sum(p.numel() for p in model.parameters()) >= VMAP_MAX_PARAMETERS_CPU:
+        return "loop"
+    # float64 convolutions have no oneDNN kernel; their grouped (vmapped) fallback lost to the
+    # loop below 8 workers (1.5x at n = 2 and 4, CNN1D), and won from n = 16 on
+    convs = any(isinstance(mod, nn.modules.conv._ConvNd) for mod in model.modules())
+    float64 = any(p.dtype == torch.float64 for p in model.parameters())
+    return "loop" if convs and float64 and m < 8 else "vmap"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -27,7 +27,8 @@ class Dataset:
     ``task`` names a :data:`gossamer.tasks.TASKS` entry. ``augment(x, rows, n, generator)``, when
     set, is the training augmentation of the batches x [m, b, ...] of workers ``rows`` (of n),
     drawn per worker and per sample on x's device, the same for a worker whichever engine holds
-    it (never applied to the test set).
+    it (never applied to the test set). ``resolved`` holds option values the data set derived
+    (a text's vocabulary), which the run's config records.
     """
 
     x_train: torch.Tensor
@@ -37,6 +38,7 @@ class Dataset:
     num_classes: int
     task: str = "classification"
     augment: Callable[[torch.Tensor, range, int, torch.Generator], torch.Tensor] | None = None
+    resolved: dict = field(default_factory=dict)
 
     @property
     def input_shape(self) -> tuple[int, ...]:

@@ -4,12 +4,14 @@ and refuses, in one line, a data set it cannot take."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from torch import nn
 
 from gossamer.models.cnn1d import CNN1D
 from gossamer.models.mlp import MLP
-from gossamer.models.resnet20 import ResNet20
+from gossamer.models.resnet20 import NORMS, ResNet20
+from gossamer.models.transformer import CharTransformer
 from gossamer.registry import ConfigError, Registry
 
 MODELS = Registry("model")
@@ -17,8 +19,8 @@ MODELS = Registry("model")
 _NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.LayerNorm, nn.GroupNorm)
 
 
-def _needs(model: str, data, shape_ok: bool, wants: str) -> None:
-    if not shape_ok or data.task != "classification":
+def _needs(model: str, data, shape_ok: bool, wants: str, task: str = "classification") -> None:
+    if not shape_ok or data.task != task:
         raise ConfigError(f"model '{model}' takes {wants}, not the dataset's inputs of shape "
                           f"{list(data.input_shape)} ({data.task})")
 
@@ -36,11 +38,44 @@ def _cnn1d(cfg, data) -> nn.Module:
     return CNN1D(num_classes=data.num_classes, length=shape[1])
 
 
-@MODELS.register("resnet20", help="He et al.'s CIFAR ResNet-20 with BatchNorm (0.27 M parameters), inputs [3, 32, 32]")
+@dataclass
+class ResNetOptions:
+    norm: str = "batch"  # batch | group | none
+
+    def validate(self, cfg) -> None:
+        if self.norm not in NORMS:
+            raise ConfigError(f"unknown norm '{self.norm[:100]}'; choose one of: {', '.join(NORMS)}")
+
+
+@MODELS.register("resnet20", options=ResNetOptions,
+                 help="He et al.'s CIFAR ResNet-20 (0.27 M parameters), inputs [3, H, W]; norm: batch | group | none")
 def _resnet20(cfg, data) -> nn.Module:
     shape = data.input_shape
     _needs("resnet20", data, len(shape) == 3 and shape[0] == 3, "images [3, H, W] for classification")
-    return ResNet20(num_classes=data.num_classes)
+    return ResNet20(num_classes=data.num_classes, norm=cfg.norm)
+
+
+@dataclass
+class TransformerOptions:
+    layers: int = 2
+    heads: int = 4
+    width: int = 128  # model dimension; heads divide it
+
+    def validate(self, cfg) -> None:
+        for name in ("layers", "heads", "width"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        if self.width % self.heads:
+            raise ConfigError(f"heads must divide width: {self.heads} does not divide {self.width}")
+
+
+@MODELS.register("transformer", options=TransformerOptions,
+                 help="decoder-only character Transformer (GPT-2 layout), token inputs [T] of a language-model data set")
+def _transformer(cfg, data) -> nn.Module:
+    shape = data.input_shape
+    _needs("transformer", data, len(shape) == 1 and not data.x_train.is_floating_point(),
+           "token sequences [T] for language modelling", task="language-model")
+    return CharTransformer(data.num_classes, context=shape[0], width=cfg.width, layers=cfg.layers, heads=cfg.heads)
 
 
 def build_model(cfg, data) -> nn.Module:
@@ -55,4 +90,4 @@ def no_decay_mask(model: nn.Module) -> list[bool]:
     return [p.ndim <= 1 or id(p) in norm_params for _, p in model.named_parameters()]
 
 
-__all__ = ["CNN1D", "MLP", "MODELS", "ResNet20", "build_model", "no_decay_mask"]
+__all__ = ["CNN1D", "CharTransformer", "MLP", "MODELS", "ResNet20", "build_model", "no_decay_mask"]

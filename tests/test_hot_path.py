@@ -1,0 +1,56 @@
+"""The per-step hot path: when metrics are not due, a step reads nothing back from the device
+(no .item(), no tensor → Python conversion), so that on a GPU the Python loop runs ahead."""
+
+import pytest
+import torch
+
+from conftest import small_config, write_cifar
+from gossamer.config import load_config
+from gossamer.train import Progress, build_run, epoch_indices, train_step
+
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
+
+
+@pytest.fixture
+def no_host_reads(monkeypatch):
+    """Turn on: any Python read of a tensor's value raises."""
+    def forbid():
+        for name in HOST_READS:
+            def read(*args, _name=name, **kwargs):
+                raise AssertionError(f"host synchronisation in the hot path: Tensor.{_name}")
+            monkeypatch.setattr(torch.Tensor, name, read)
+    return forbid
+
+
+def _steps(run, forbid, steps: int = 3):
+    e, progress = run.engine, Progress()
+    run.schedule.start(e, run.workers.X)
+    idx = epoch_indices(run, 0)
+    forbid()
+    for t in range(steps):
+        x, y = run.data.train_batch(idx[t], e.rows, seed=t)
+        train_step(run, progress, x, y, t, lr=0.05, measure=False)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["algorithm=allreduce"],
+    ["algorithm=local", "local_steps=2", "compression=ef-sign"],
+    ["algorithm=post-local", "switch_step=1", "local_steps=1"],
+    ["algorithm=hierarchical", "block_size=2", "local_steps=1", "average_optimizer_state=true"],
+    ["algorithm=gossip", "topology=one-peer-exponential", "phases=[gossip,allreduce]", "phase_epochs=[0.1]"],
+    ["algorithm=diloco", "local_steps=2", "optimizer=adam"],
+])
+def test_schedules_read_nothing_back(no_host_reads, overrides):
+    _steps(build_run(small_config(*overrides, "metrics_every=100")), no_host_reads)
+
+
+def test_augmented_images_and_tokens_read_nothing_back(no_host_reads, tmp_path):
+    root = write_cifar(tmp_path, train=40, test=10)
+    cifar = load_config(None, ["dataset=cifar10", f"data_dir={root}", "model=resnet20", "norm=group", "workers=2",
+                               "batch_size=4", "algorithm=gossip", "grad_backend=vmap"])
+    text = load_config(None, ["dataset=text", "text_chars=3000", "context=16", "model=transformer", "width=16",
+                              "layers=1", "workers=2", "batch_size=4", "optimizer=adam", "grad_backend=loop"])
+    for cfg in (cifar, text):
+        _steps(build_run(cfg), no_host_reads, steps=2)
+    with pytest.raises(AssertionError, match="host synchronisation in the hot path: Tensor.item"):
+        torch.ones(1).item()  # the guard is on
