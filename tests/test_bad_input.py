@@ -135,7 +135,8 @@ def test_zero_epochs_and_zero_seeds(tmp_path, capsys):
 def _known_keys() -> list[str]:
     keys = [f.name for f in Config.__dataclass_fields__.values() if not f.metadata.get("internal")]
     keys += [k for registry in KINDS.values() for e in registry.entries.values() for k in e.keys]
-    return sorted(set(keys)) + ["consensus.target", "consensus.value", "consensus.max_extra_rounds"]
+    return sorted(set(keys)) + ["consensus.target", "consensus.value", "consensus.max_extra_rounds", "network.preset",
+                                "network.bandwidth", "network.latency", "network.workers_per_node"]
 
 
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.integers(-10**12, 10**12),

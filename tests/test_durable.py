@@ -71,6 +71,8 @@ CASES = {
                                    "sharpness=true", "sharpness_samples=200"],
     "diloco": ["algorithm=diloco", "local_steps=5"],
     "adam": ["algorithm=local", "local_steps=2", "optimizer=adam", "lr=0.003"],
+    "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
+                       "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }
 
 

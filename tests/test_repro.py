@@ -1,13 +1,16 @@
 """The repro suites: their --quick form runs every variant and writes results.md and the plot; the
 paper scale runs the shipped configs/paper files, checked and estimated before anything trains."""
 
+import json
+import re
+
 import pytest
 import yaml
 
 from conftest import write_cifar
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.repro import PAPER_CONFIGS, SUITES, build_suite
+from gossamer.repro import LIN_NETWORKS, PAPER_CONFIGS, SUITES, _slug, build_suite
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -19,9 +22,10 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     assert f"gossamer repro {suite} --seeds 1 --quick --set weight_decay=0`" in table
     for run in (p for p in out.iterdir() if p.is_dir()):  # the override reached every run
         assert yaml.safe_load((run / "config.yaml").read_text())["weight_decay"] == 0
-    for variant in build_suite(suite, "cpu", quick=True).variants:
-        assert f"| {variant.name} |" in table
-    assert (out / "consensus.png").stat().st_size > 10_000 and (out / "tradeoff.png").stat().st_size > 10_000
+    for variant in build_suite(suite, "cpu", quick=True).variants:  # time-to-accuracy: a column per network
+        assert f"| {variant.name.split(' on ')[0]} |" in table
+    plots = re.findall(r"!\[[^]]*\]\(([^)]+)\)", table)
+    assert plots and all((out / p).stat().st_size > 10_000 for p in plots)
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
     assert main(["repro", suite, "--quick", "--out", str(tmp_path / "other"), "--set", "colour=red"]) == 2
     cells = [[c.strip() for c in line.strip("| ").split(" | ")] for line in table.splitlines() if line.startswith("| ")]
@@ -40,6 +44,22 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
         assert "test loss (x̄) | test ppl (x̄)" in table and "test acc" not in table
         assert mean("allreduce adam", "mean Ξ² phase 1") < 1e-9  # All-Reduce keeps Ξ² at 0
         assert mean("ring adam, local moments", "mean Ξ² phase 1") > 1e-6
+    if suite == "time-to-accuracy":
+        the_network_changes_time_not_training(out, table)
+
+
+def the_network_changes_time_not_training(out, table: str) -> None:
+    """Each Lin variant trained on both networks: the same training, more simulated seconds on the
+    slow one; control's extra rounds cost seconds."""
+    fast, slow = LIN_NETWORKS
+    for variant in (v for v in build_suite("time-to-accuracy", "cpu", quick=True).variants if v.name.endswith(fast)):
+        a, b = (json.loads((out / f"{_slug(v)}-seed0" / "summary.json").read_text())
+                for v in (variant.name, variant.name.replace(fast, slow)))
+        assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
+        assert b["sim_seconds"] > a["sim_seconds"] > 0 and b["sim_seconds_to_target"] >= a["sim_seconds_to_target"]
+    assert f"s to target on {fast}" in table and f"s to target on {slow}" in table
+    ctrl = next(line for line in table.splitlines() if line.startswith("| ctrl-phase-1 c=1/4"))
+    assert float(ctrl.split(" | ")[-1].split(" ± ")[0]) > 0
 
 
 # the shipped file that each paper-scale variant is (up to the reference run of controlled ones)
@@ -94,6 +114,7 @@ def test_paper_scale_dry_run_prints_the_work_and_trains_nothing(tmp_path, capsys
     assert "9 variants × 1 seed(s): 9,000 steps, 7,372,800 sample gradients" in printed
     assert not out.exists()
     assert main(["repro", "ring-scaling", "--scale", "paper", "--quick"]) == 2
+    assert main(["repro", "time-to-accuracy", "--scale", "paper", "--dry-run"]) == 2  # CPU scale only
     monkeypatch.setenv("GOSSAMER_DATA", str(tmp_path / "nothing"))
     assert main(["repro", "consensus-phases", "--scale", "paper", "--dry-run", "--set", "download=false"]) == 2
     assert "CIFAR-10 (cifar-10-batches-bin/" in capsys.readouterr().err

@@ -4,8 +4,10 @@ A suite is a list of variants (config overrides) run for several seeds; it write
 ``results.md`` (mean ± std over seeds of the test metrics, Ξ² per learning-rate phase,
 communication, and where measured the sharpness of x̄ and the rounds frequency control saved), a
 plot of Ξ² over training with the phases marked and one of the test metric against communication
-(and against sharpness, where measured). Suites: ``ring-scaling``, ``consensus-phases`` and
-``decentralized-adam`` (Kong et al.), ``local-sgd`` (Lin et al.).
+(and against sharpness, where measured); ``time-to-accuracy`` instead its tables of simulated time
+to a target accuracy and plots of accuracy against it. Suites: ``ring-scaling``,
+``consensus-phases``, ``decentralized-adam`` (Kong et al.), ``local-sgd`` (Lin et al.),
+``time-to-accuracy`` (both).
 
 Scales: ``cpu`` (the default) runs each suite on a small workload from a base list of overrides
 (MNIST-1D and the 1-D CNN; the character Transformer on the offline ``pydoc-topics`` text for
@@ -25,7 +27,8 @@ from typing import Callable
 import torch
 
 from .config import Config, ConfigError, load_config
-from .report import plot_consensus, plot_tradeoff, read_summary, test_metrics
+from .report import plot_consensus, plot_runs, plot_tradeoff, read_rows, read_summary, test_metrics
+from .train import reached_target
 
 SCALES = ("cpu", "paper")
 PAPER_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "paper"
@@ -47,6 +50,7 @@ class Suite:
     variants: list[Variant] = field(default_factory=list)
     reference: str | None = None  # name of the variant whose run controlled variants follow
     base_file: str | None = None  # paper scale: the configs/paper file every variant starts from
+    report: Callable | None = None  # (suite, configs, out, seeds) → results.md body, plots written; default: Ξ²
 
     def config(self, v: Variant, seed: int = 0, ref: str = "REF") -> Config:
         """The config of variant ``v`` for one seed (``ref``: the reference run's directory)."""
@@ -174,8 +178,62 @@ def local_sgd(scale: str, quick: bool) -> Suite:
     return suite
 
 
+LIN_NETWORKS = ("infiniband-100g", "ethernet-1g")  # the fast and the slow network between nodes
+KONG_NETWORK = "ethernet-1g"
+
+
+def time_to_accuracy(scale: str, quick: bool) -> Suite:
+    """Both papers' time claims: test accuracy and simulated time to a target accuracy.
+
+    Lin et al. (n = 16 as 4 nodes of 4 workers, NVLink inside, a fast and a slow network between
+    them): small- and large-batch mini-batch SGD, local SGD H = 4 and 16, post-local SGD H = 16,
+    hierarchical local SGD. Kong et al. (n = 32, one worker per machine, the slow network):
+    All-Reduce, ring, one-peer exponential, the ring in phase 1 only (dec-phase-1) and phase-1
+    control at c = 1/2 and 1/4, whose reference is dec-phase-1 (its phase 1 is the ring's): the cost
+    of control is its time beyond dec-phase-1's. A step computes for ``compute_ms`` = 1 ms (4 ms at
+    the 4× batch); measurement is free (count_metrics: false). CPU scale only."""
+    if scale == "paper":
+        raise ConfigError("time-to-accuracy runs at --scale cpu only: its paper-scale version (the CIFAR-10 "
+                          "configs of both papers on both networks) is not built")
+    n_lin, n_kong, per_node = (4, 4, 2) if quick else (16, 32, 4)
+    epochs = 2 if quick else 20
+    base = [*_base(quick, epochs), "eval_every=1", "compute_ms=1", f"target_accuracy={0.1 if quick else 0.55}"]
+    uncontrolled = f"dec-phase-1 n={n_kong}"
+    suite = Suite(f"time-to-accuracy: Lin et al. (n = {n_lin}) and Kong et al. (n = {n_kong})", base,
+                  reference=uncontrolled)
+    free = ["network.count_metrics=false"]
+    lin = [("mini-batch B=16", ["algorithm=allreduce"]),
+           ("mini-batch B=64", ["algorithm=allreduce", "batch_size=64", "lr=0.01", "compute_ms=4"]),
+           ("local H=4", ["algorithm=local", "local_steps=4"]),
+           ("local H=16", ["algorithm=local", "local_steps=16"]),
+           ("post-local H=16", ["algorithm=post-local", "local_steps=16"]),
+           ("hierarchical H=2 H_b=8", ["algorithm=hierarchical", f"block_size={per_node}", "local_steps=2",
+                                       "block_rounds=8"])]
+    lin_rows = {}
+    for net in LIN_NETWORKS:
+        for label, overrides in lin:
+            name = f"{label} on {net}"
+            lin_rows.setdefault(label, []).append(name)
+            suite.variants.append(Variant(name, [*overrides, f"network.preset={net}",
+                                                 f"network.workers_per_node={per_node}", *free], n_lin))
+    gossip = ["algorithm=gossip", "topology=ring"]
+    control = ["phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}", "consensus.max_extra_rounds=1000"]
+    kong = [(f"All-Reduce n={n_kong}", ["algorithm=allreduce"]),
+            (f"ring n={n_kong}", gossip),
+            (f"one-peer-exp n={n_kong}", ["algorithm=gossip", "topology=one-peer-exponential"]),
+            (uncontrolled, [*gossip, "phases=[gossip,allreduce,allreduce]"]),
+            (f"ctrl-phase-1 c=1/2 n={n_kong}", [*gossip, *control, "consensus.factor=0.5"]),
+            (f"ctrl-phase-1 c=1/4 n={n_kong}", [*gossip, *control, "consensus.factor=0.25"])]
+    suite.variants += [Variant(name, [*overrides, f"network.preset={KONG_NETWORK}", *free], n_kong)
+                       for name, overrides in kong]
+    suite.report = lambda suite, configs, out, seeds: _time_report(lin_rows, [name for name, _ in kong], uncontrolled,
+                                                                   configs, out, seeds)
+    return suite
+
+
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
-                                                   "decentralized-adam": decentralized_adam, "local-sgd": local_sgd}
+                                                   "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
+                                                   "time-to-accuracy": time_to_accuracy}
 
 
 def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
@@ -188,7 +246,7 @@ def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
 
 def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
               overrides: list[str] = (), scale: str = "cpu", dry_run: bool = False) -> Path | None:
-    """Run every variant for every seed into ``out``; write results.md and the plots.
+    """Run every variant for every seed into ``out``; write results.md and the suite's plots.
 
     ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant. Every config
     is checked and the estimated work printed before anything trains; ``dry_run`` stops there."""
@@ -206,11 +264,10 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     command = (f"gossamer repro {name} --seeds {seeds}{' --scale paper' if scale == 'paper' else ''}"
                f"{' --quick' if quick else ''}{''.join(' --set ' + o for o in overrides)}")
     results = out / "results.md"
-    results.write_text(_results_table(suite, configs, out, seeds, command))
-    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
-                   configs[suite.variants[0].name].milestones, out / "consensus.png", suite.title)
-    plot_tradeoff({v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)]
-                   for v in suite.variants}, out / "tradeoff.png", suite.title)
+    base = f" on `configs/paper/{suite.base_file}`" if suite.base_file else ""
+    head = (f"# {suite.title}\n\nCommand: `{command}`; mean ± std over {seeds} seed(s). "
+            f"Base config{base}: `{' '.join(suite.base)}`.\n\n")
+    results.write_text(head + (suite.report or _consensus_report)(suite, configs, out, seeds))
     return results
 
 
@@ -281,26 +338,29 @@ def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
 
 def _mean_std(values: list[float], fmt: str) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(std)}"
 
 
 OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_saved", "gossip rounds saved", "{:.0f}")]
 """Summary keys shown, as (key, heading, format), where a run of the suite has them ("—": a variant without)."""
 
 
-def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, command: str) -> str:
+def _runs(name: str, out: Path, seeds: int) -> list[Path]:
+    return [out / f"{_slug(name)}-seed{s}" for s in range(seeds)]
+
+
+def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str:
+    """The table of the test metrics, mean Ξ² per learning-rate phase, rounds (and the optional
+    columns); the Ξ² plot and the test metric against communication (and sharpness)."""
     boundaries = configs[suite.variants[0].name].milestones
     phases = len(boundaries) + 1
-    summaries = {v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)] for v in suite.variants}
+    summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
     metrics = test_metrics([s for runs in summaries.values() for s in runs])
     optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in s for runs in summaries.values() for s in runs)]
     head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics],
             *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "comm rounds", "extra gossip rounds",
             *[heading for _, heading, _ in optional]]
-    base = f" on `configs/paper/{suite.base_file}`" if suite.base_file else ""
-    lines = [f"# {suite.title}", "",
-             f"Command: `{command}`; mean ± std over {seeds} seed(s). Base config{base}: `{' '.join(suite.base)}`.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
         per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in range(seeds)]
         runs = summaries[v.name]
@@ -310,5 +370,74 @@ def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, command: 
                  _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
                  *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
+    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
+                   boundaries, out / "consensus.png", suite.title)
+    plot_tradeoff(summaries, out / "tradeoff.png", suite.title)
     return ("\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n"
             "![test metric against communication](tradeoff.png)\n")
+
+
+def _at_target(runs: list[Path], cfg) -> list[dict | None]:
+    """Per run, its first evaluation row that reaches cfg's target (None where none does): what
+    the loop reports as steps_to_target, for the suite's target whatever the runs were trained with."""
+    return [next((r for r in read_rows(run) if "test_accuracy" in r and reached_target(cfg, r)), None)
+            for run in runs]
+
+
+def _to_target(rows: list[dict | None], key: str, fmt: str) -> str:
+    """Mean ± std of ``key`` (step or sim_seconds) at the target over the seeds that reached it."""
+    reached = [r[key] for r in rows if r is not None]
+    if not reached:
+        return "not reached"
+    cell = _mean_std(reached, fmt)
+    return cell if len(reached) == len(rows) else f"{cell} ({len(reached)} of {len(rows)} seeds)"
+
+
+def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, configs: dict, out: Path,
+                 seeds: int) -> str:
+    """Tables of accuracy and simulated time (to the target, in total, communication) and plots of
+    test accuracy against simulated time (seed 0): Lin et al.'s variants on each network, Kong et
+    al.'s with the cost and the benefit of control against the ``uncontrolled`` variant."""
+    target = configs[kong[0]].target_accuracy
+    names = [*sum(lin.values(), []), *kong]
+    summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for name in names}
+    at_target = {name: _at_target(_runs(name, out, seeds), configs[name]) for name in names}
+    nets = [configs[name].network.preset for name in next(iter(lin.values()))]
+    head = ["variant", "test acc", "steps to target",
+            *[f"{h} on {net}" for net in nets for h in ("s to target", "s total", "comm")]]
+    lines = [f"Target: test accuracy ≥ {target}. Simulated seconds: compute {configs[kong[0]].compute_ms} ms a step "
+             f"plus the α–β time of every operator.", "", "## Lin et al.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, names in lin.items():
+        cells = [label, _mean_std([s["test_accuracy"] for s in summaries[names[0]]], "{:.4f}"),
+                 _to_target(at_target[names[0]], "step", "{:.0f}")]
+        for name in names:
+            runs = summaries[name]
+            cells += [_to_target(at_target[name], "sim_seconds", "{:.3f}"),
+                      _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
+                      f"{statistics.mean(s['sim_seconds_comm'] / s['sim_seconds'] for s in runs):.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    plain = summaries[uncontrolled]
+    head = ["variant", "test acc", "extra gossip rounds", "s to target", "s total", "comm (s)",
+            f"control: cost (s) / benefit (points) vs {uncontrolled}"]
+    lines += ["", f"## Kong et al. (on {configs[kong[0]].network.preset})", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in kong:
+        runs = summaries[name]
+        cells = [name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
+                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
+                 _to_target(at_target[name], "sim_seconds", "{:.3f}"),
+                 _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
+                 _mean_std([s["sim_seconds_comm"] for s in runs], "{:.3f}"),
+                 f"{_mean_std([s['sim_seconds'] - r['sim_seconds'] for s, r in zip(runs, plain)], '{:.3f}')} / "
+                 f"{_mean_std([100 * (s['test_accuracy'] - r['test_accuracy']) for s, r in zip(runs, plain)], '{:+.1f}')}"
+                 if getattr(configs[name], "consensus", None) and configs[name].consensus.target != "none" else "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    plots = {f"lin-{net}.png": {label: out / f"{_slug(names[i])}-seed0" for label, names in lin.items()}
+             for i, net in enumerate(nets)}
+    plots["kong.png"] = {name: out / f"{_slug(name)}-seed0" for name in kong}
+    for file, runs in plots.items():
+        plot_runs(runs, "time", None, out / file, title=file.removesuffix(".png"))
+        lines.append(f"![test accuracy against simulated time]({file})")
+    return "\n".join(lines) + "\n"
