@@ -10,7 +10,7 @@ import yaml
 from conftest import write_cifar
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.repro import LIN_NETWORKS, PAPER_CONFIGS, SUITES, _slug, build_suite
+from gossamer.repro import KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, PAPER_CONFIGS, SUITES, _slug, build_suite
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -86,6 +86,20 @@ def test_paper_scale_runs_the_shipped_configs(suite, variant):
     assert s.config(v).to_dict() == shipped.to_dict()
 
 
+def test_paper_scale_time_to_accuracy_starts_each_paper_from_its_own_file():
+    s = build_suite("time-to-accuracy", "paper")
+    configs = {v.name: s.config(v) for v in s.variants}
+    fast, slow = LIN_NETWORKS
+    for name, shipped, workers in ((f"mini-batch B=128 on {slow}", LIN_CIFAR, 16), ("ring n=32", KONG_CIFAR, 32)):
+        cfg, paper = configs[name], load_config(PAPER_CONFIGS / shipped)
+        assert (cfg.workers, cfg.batch_size, cfg.lr, cfg.epochs, cfg.model) == \
+            (workers, paper.batch_size, paper.lr, paper.epochs, "resnet20")
+        assert (cfg.compute_ms, cfg.target_accuracy) == ("flops:25", 0.9)
+    large = configs[f"mini-batch B=512 on {fast}"]  # 4 × the batch at the same lr per sample
+    assert (large.batch_size, large.lr) == (512, 0.8)
+    assert configs["hierarchical H=2 H_b=8 on " + slow].block_size == 4
+
+
 def test_every_paper_config_loads_with_the_papers_values():
     files = sorted(PAPER_CONFIGS.glob("*.yaml"))
     assert len(files) == 14
@@ -114,7 +128,6 @@ def test_paper_scale_dry_run_prints_the_work_and_trains_nothing(tmp_path, capsys
     assert "9 variants × 1 seed(s): 9,000 steps, 7,372,800 sample gradients" in printed
     assert not out.exists()
     assert main(["repro", "ring-scaling", "--scale", "paper", "--quick"]) == 2
-    assert main(["repro", "time-to-accuracy", "--scale", "paper", "--dry-run"]) == 2  # CPU scale only
     monkeypatch.setenv("GOSSAMER_DATA", str(tmp_path / "nothing"))
     assert main(["repro", "consensus-phases", "--scale", "paper", "--dry-run", "--set", "download=false"]) == 2
     assert "CIFAR-10 (cifar-10-batches-bin/" in capsys.readouterr().err

@@ -41,6 +41,7 @@ class Variant:
     name: str
     overrides: list[str]
     workers: int
+    base_file: str | None = None  # paper scale: this variant's configs/paper file, if not the suite's
 
 
 @dataclass
@@ -54,9 +55,9 @@ class Suite:
 
     def config(self, v: Variant, seed: int = 0, ref: str = "REF") -> Config:
         """The config of variant ``v`` for one seed (``ref``: the reference run's directory)."""
-        path = None
-        if self.base_file is not None:
-            path = PAPER_CONFIGS / self.base_file
+        path, name = None, v.base_file or self.base_file
+        if name is not None:
+            path = PAPER_CONFIGS / name
             if not path.is_file():
                 raise ConfigError(f"--scale paper reads {path}, which is missing: run from a source checkout of gossamer")
         return load_config(path, [*self.base, f"workers={v.workers}", f"seed={seed}",
@@ -182,6 +183,10 @@ LIN_NETWORKS = ("infiniband-100g", "ethernet-1g")  # the fast and the slow netwo
 KONG_NETWORK = "ethernet-1g"
 
 
+LIN_CIFAR = "lin2020-cifar10-resnet20-minibatch.yaml"
+PAPER_TFLOPS = 25  # the assumed sustained rate of one worker's GPU at paper scale (compute_ms=flops:25)
+
+
 def time_to_accuracy(scale: str, quick: bool) -> Suite:
     """Both papers' time claims: test accuracy and simulated time to a target accuracy.
 
@@ -190,20 +195,26 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
     hierarchical local SGD. Kong et al. (n = 32, one worker per machine, the slow network):
     All-Reduce, ring, one-peer exponential, the ring in phase 1 only (dec-phase-1) and phase-1
     control at c = 1/2 and 1/4, whose reference is dec-phase-1 (its phase 1 is the ring's): the cost
-    of control is its time beyond dec-phase-1's. A step computes for ``compute_ms`` = 1 ms (4 ms at
-    the 4× batch); measurement is free (count_metrics: false). CPU scale only."""
-    if scale == "paper":
-        raise ConfigError("time-to-accuracy runs at --scale cpu only: its paper-scale version (the CIFAR-10 "
-                          "configs of both papers on both networks) is not built")
+    of control is its time beyond dec-phase-1's. Measurement is free (count_metrics: false). CPU
+    scale: MNIST-1D, a step computes for ``compute_ms`` = 1 ms (4 ms at the 4× batch). Paper scale:
+    each paper's CIFAR-10 ResNet-20 file (Lin's for Lin's variants, Kong's for Kong's), a step
+    computes for one worker's FLOPs at ``PAPER_TFLOPS`` (an assumption, stated in the results)."""
+    paper = scale == "paper"
     n_lin, n_kong, per_node = (4, 4, 2) if quick else (16, 32, 4)
-    epochs = 2 if quick else 20
-    base = [*_base(quick, epochs), "eval_every=1", "compute_ms=1", f"target_accuracy={0.1 if quick else 0.55}"]
+    if paper:
+        base = ["eval_every=5", f"compute_ms=flops:{PAPER_TFLOPS}", "target_accuracy=0.9"]
+        large_batch = ["batch_size=512", "lr=0.8"]  # 4 × B_loc at the same lr per sample
+    else:
+        epochs = 2 if quick else 20
+        base = [*_base(quick, epochs), "eval_every=1", "compute_ms=1", f"target_accuracy={0.1 if quick else 0.55}"]
+        large_batch = ["batch_size=64", "lr=0.01", "compute_ms=4"]
+    lin_file, kong_file = (LIN_CIFAR, KONG_CIFAR) if paper else (None, None)
     uncontrolled = f"dec-phase-1 n={n_kong}"
-    suite = Suite(f"time-to-accuracy: Lin et al. (n = {n_lin}) and Kong et al. (n = {n_kong})", base,
-                  reference=uncontrolled)
+    suite = Suite(f"time-to-accuracy{' (paper scale)' if paper else ''}: Lin et al. (n = {n_lin}) and "
+                  f"Kong et al. (n = {n_kong})", base, reference=uncontrolled)
     free = ["network.count_metrics=false"]
-    lin = [("mini-batch B=16", ["algorithm=allreduce"]),
-           ("mini-batch B=64", ["algorithm=allreduce", "batch_size=64", "lr=0.01", "compute_ms=4"]),
+    lin = [(f"mini-batch B={128 if paper else 16}", ["algorithm=allreduce"]),
+           (f"mini-batch B={512 if paper else 64}", ["algorithm=allreduce", *large_batch]),
            ("local H=4", ["algorithm=local", "local_steps=4"]),
            ("local H=16", ["algorithm=local", "local_steps=16"]),
            ("post-local H=16", ["algorithm=post-local", "local_steps=16"]),
@@ -215,7 +226,7 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
             name = f"{label} on {net}"
             lin_rows.setdefault(label, []).append(name)
             suite.variants.append(Variant(name, [*overrides, f"network.preset={net}",
-                                                 f"network.workers_per_node={per_node}", *free], n_lin))
+                                                 f"network.workers_per_node={per_node}", *free], n_lin, lin_file))
     gossip = ["algorithm=gossip", "topology=ring"]
     control = ["phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}", "consensus.max_extra_rounds=1000"]
     kong = [(f"All-Reduce n={n_kong}", ["algorithm=allreduce"]),
@@ -224,7 +235,7 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
             (uncontrolled, [*gossip, "phases=[gossip,allreduce,allreduce]"]),
             (f"ctrl-phase-1 c=1/2 n={n_kong}", [*gossip, *control, "consensus.factor=0.5"]),
             (f"ctrl-phase-1 c=1/4 n={n_kong}", [*gossip, *control, "consensus.factor=0.25"])]
-    suite.variants += [Variant(name, [*overrides, f"network.preset={KONG_NETWORK}", *free], n_kong)
+    suite.variants += [Variant(name, [*overrides, f"network.preset={KONG_NETWORK}", *free], n_kong, kong_file)
                        for name, overrides in kong]
     suite.report = lambda suite, configs, out, seeds: _time_report(lin_rows, [name for name, _ in kong], uncontrolled,
                                                                    configs, out, seeds)
@@ -264,7 +275,8 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     command = (f"gossamer repro {name} --seeds {seeds}{' --scale paper' if scale == 'paper' else ''}"
                f"{' --quick' if quick else ''}{''.join(' --set ' + o for o in overrides)}")
     results = out / "results.md"
-    base = f" on `configs/paper/{suite.base_file}`" if suite.base_file else ""
+    files = sorted({v.base_file or suite.base_file for v in suite.variants} - {None})
+    base = f" on {', '.join(f'`configs/paper/{f}`' for f in files)}" if files else ""
     head = (f"# {suite.title}\n\nCommand: `{command}`; mean ± std over {seeds} seed(s). "
             f"Base config{base}: `{' '.join(suite.base)}`.\n\n")
     results.write_text(head + (suite.report or _consensus_report)(suite, configs, out, seeds))
