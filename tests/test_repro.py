@@ -28,16 +28,22 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     assert plots and all((out / p).stat().st_size > 10_000 for p in plots)
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
     assert main(["repro", suite, "--quick", "--out", str(tmp_path / "other"), "--set", "colour=red"]) == 2
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in table.splitlines()
-            if line.startswith("| ")}
-    if suite == "consensus-phases":  # control bought a smaller phase-1 Ξ² with extra rounds
-        ring, ctrl = rows["ring"], rows["ctrl-phase-1 c=1/4"]
-        assert float(ctrl[2].split(" ± ")[0]) < float(ring[2].split(" ± ")[0])
-        assert float(ctrl[-1].split(" ± ")[0]) > 0
+    cells = [[c.strip() for c in line.strip("| ").split(" | ")] for line in table.splitlines() if line.startswith("| ")]
+    rows = {row[0]: dict(zip(cells[0], row)) for row in cells[1:]}
+
+    def mean(variant: str, column: str) -> float:
+        return float(rows[variant][column].split(" ± ")[0])
+    if suite == "consensus-phases":  # control bought a smaller phase-1 Ξ² with extra rounds, or saved rounds
+        assert mean("ctrl-phase-1 c=1/4", "mean Ξ² phase 1") < mean("ring", "mean Ξ² phase 1")
+        assert mean("ctrl-phase-1 c=1/4", "extra gossip rounds") > 0
+        assert rows["freq-phase-1 c=1/2"]["gossip rounds saved"] != "—" and rows["ring"]["gossip rounds saved"] == "—"
+    if suite == "local-sgd":  # every run measured the sharpness of x̄; local SGD communicated less
+        assert all(mean(v, "sharpness (x̄)") > 0 for v in rows)
+        assert mean("local H=16", "comm rounds") < mean("large-batch (All-Reduce, n=4)", "comm rounds")
     if suite == "decentralized-adam":  # a language model: test loss and perplexity, no accuracy
         assert "test loss (x̄) | test ppl (x̄)" in table and "test acc" not in table
-        assert float(rows["allreduce adam"][3].split(" ± ")[0]) < 1e-9  # All-Reduce keeps Ξ² at 0
-        assert float(rows["ring adam, local moments"][3].split(" ± ")[0]) > 1e-6
+        assert mean("allreduce adam", "mean Ξ² phase 1") < 1e-9  # All-Reduce keeps Ξ² at 0
+        assert mean("ring adam, local moments", "mean Ξ² phase 1") > 1e-6
     if suite == "time-to-accuracy":
         the_network_changes_time_not_training(out, table)
 
@@ -125,3 +131,12 @@ def test_paper_scale_dry_run_prints_the_work_and_trains_nothing(tmp_path, capsys
     monkeypatch.setenv("GOSSAMER_DATA", str(tmp_path / "nothing"))
     assert main(["repro", "consensus-phases", "--scale", "paper", "--dry-run", "--set", "download=false"]) == 2
     assert "CIFAR-10 (cifar-10-batches-bin/" in capsys.readouterr().err
+
+
+def test_local_sgd_at_paper_scale_is_lins_mini_batch_config_measuring_sharpness():
+    suite = build_suite("local-sgd", "paper")
+    large = next(v for v in suite.variants if v.name == "large-batch (All-Reduce, n=16)")
+    shipped = load_config(PAPER_CONFIGS / "lin2020-cifar10-resnet20-minibatch.yaml", ["sharpness=true"])
+    assert suite.config(large).to_dict() == shipped.to_dict()
+    post = next(v for v in suite.variants if v.name == "post-local H=16")
+    assert (suite.config(post).algorithm, suite.config(post).local_steps) == ("post-local", 16)

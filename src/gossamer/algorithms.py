@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 
 from .codecs import Compressor, build_compressor, check_spec
-from .consensus import ConsensusConfig, Controller, build_target
+from .consensus import ConsensusConfig, Controller, FrequencyControl, build_target
 from .optim import SGD
 from .registry import ConfigError, Registry
 from .topology import TOPOLOGIES, Mixing, Topology, build_topology, spectral_gap
@@ -215,11 +215,15 @@ class Decentralized:
 
     ``step-then-mix`` (the paper's form): X ← (X − η ∂F(X)) W — local step, then one gossip round.
     ``mix-then-step`` (Lian et al.'s D-PSGD form): X ← X W − η ∂F(X), the gradient taken at the
-    pre-mixing models. In a ``controlled`` phase the controller adds rounds until Ξ ≤ target.
-    Round r uses W_r (time-varying graphs advance per round, extra rounds included). Entering an
-    all-reduce phase from a decentralized one averages the models and the ``optimizer_state``
-    once (else the local momenta would pull the models apart again). ``shared_state`` (optimizer
-    state communicated with the parameters) is mixed alike.
+    pre-mixing models. Local decentralized SGD (Koloskova et al. 2020): with a gossip period
+    H = ``local_steps``, only every H-th step of a decentralized stretch gossips (W_t = I at the
+    others); H = 1 is D-SGD. In a ``controlled`` phase either the controller adds rounds after a
+    step's round until Ξ ≤ target (``consensus.action: rounds``), or ``frequency`` adapts the period
+    H_t (:class:`~gossamer.consensus.FrequencyControl`). Round r uses W_r (time-varying graphs
+    advance per round, extra rounds included). Entering an all-reduce phase from a decentralized
+    one averages the models and the ``optimizer_state`` once (else the local momenta would pull
+    the models apart again). ``shared_state`` (optimizer state communicated with the parameters)
+    is mixed alike.
     """
 
     topology: Topology
@@ -229,16 +233,31 @@ class Decentralized:
     controller: Controller | None = None
     shared_state: list[torch.Tensor] = field(default_factory=list)
     optimizer_state: list[torch.Tensor] = field(default_factory=list)
+    local_steps: int = 1  # H: the gossip period when not frequency-controlled
+    frequency: FrequencyControl | None = None  # consensus.action frequency: H_t of the controlled phases
     rounds: int = 0
+    since_round: int = 0  # local steps since the last gossip round (0 after an all-reduce step)
     keep_change: bool = False  # compute each step's change also when the step is not measured
-    change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round (when measured or kept)
+    change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round (None: no round this step)
     mixing: Mixing | None = None  # W of the step's round
+    xi_sq_before_round: float | None = None  # frequency control's probe of the step's round
 
     def start(self, engine, X: torch.Tensor) -> None:
         pass
 
     def phase(self, t: int) -> int:
         return bisect.bisect_right(self.phase_starts, t)
+
+    def _frequency_controlled(self, k: int) -> bool:
+        return self.frequency is not None and self.modes[k] == "controlled"
+
+    def _period(self, k: int) -> int:
+        """The gossip period H_t in phase k (a decentralized one)."""
+        return self.frequency.period if self._frequency_controlled(k) else self.local_steps
+
+    def _communicates(self, k: int) -> bool:
+        """Whether this step (of decentralized phase k) ends its period with a gossip round."""
+        return self.since_round + 1 >= self._period(k)
 
     def _round(self, engine, X: torch.Tensor, measure: bool = False) -> torch.Tensor | None:
         mixing = self.topology.mixing(self.rounds)
@@ -248,36 +267,64 @@ class Decentralized:
         self.mixing = mixing
         return engine.gossip_(X, mixing, measure=measure)
 
+    def _gossip(self, engine, X: torch.Tensor, step: Step, k: int) -> None:
+        """The step's gossip round; under frequency control, Ξ² probed just before it."""
+        if self._frequency_controlled(k):
+            self.xi_sq_before_round = engine.consensus_distance_sq(X)
+        self.change = self._round(engine, X, measure=step.measure or self.keep_change)
+
     def averages_gradients(self, t: int) -> bool:
         return self.modes[self.phase(t)] == "allreduce"
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
-        if self.averages_gradients(step.t):
+        k = self.phase(step.t)
+        if self.modes[k] == "allreduce":
             engine.allreduce_mean_(G)
-        elif self.form == "mix-then-step":
-            self.change = self._round(engine, X, measure=step.measure or self.keep_change)
+        elif self.form == "mix-then-step" and self._communicates(k):
+            self._gossip(engine, X, step, k)
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         k = self.phase(step.t)
         metrics = {"phase": k + 1, "extra_gossip_rounds": 0}
-        if self.modes[k] != "allreduce":
+        if self.modes[k] == "allreduce":
+            self.since_round = 0
+            if self.frequency is not None:
+                self.frequency.fixed_since = 0
+            return metrics
+        communicates = self._communicates(k)
+        if self._frequency_controlled(k):
+            metrics.update(gossip_period=self.frequency.period, consensus_target=self.frequency.target(step))
+        if self.frequency is not None:
+            metrics["gossip_rounds_saved"] = self.frequency.rounds_saved(communicates, self.modes[k] == "controlled")
+        if communicates:
             if self.form == "step-then-mix":
-                self.change = self._round(engine, X, measure=step.measure or self.keep_change)
+                self._gossip(engine, X, step, k)
             if step.measure:
                 metrics.update(local_estimate(engine.mean_scalar(self.change), self.mixing))
-            if self.modes[k] == "controlled":
+            if self._frequency_controlled(k):
+                metrics["consensus_distance_sq_before_round"] = self.xi_sq_before_round
+                self.frequency.adapt(self.xi_sq_before_round, metrics["consensus_target"])
+            elif self.modes[k] == "controlled":
                 metrics.update(self.controller.control(engine, X, step, lambda: self._round(engine, X)))
-            ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
-            if ends_here and self.modes[k + 1] == "allreduce":
-                for rows in (X, *self.optimizer_state):
-                    engine.allreduce_mean_(rows)
+        else:
+            self.change = None
+        self.since_round = 0 if communicates else self.since_round + 1
+        ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
+        if ends_here and self.modes[k + 1] == "allreduce":
+            for rows in (X, *self.optimizer_state):
+                engine.allreduce_mean_(rows)
         return metrics
 
     def state_dict(self) -> dict:
-        return {"rounds": self.rounds}
+        state = {"rounds": self.rounds, "since_round": self.since_round}
+        if self.frequency is not None:
+            state["frequency"] = self.frequency.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.rounds = int(state["rounds"])
+        self.rounds, self.since_round = int(state["rounds"]), int(state["since_round"])
+        if self.frequency is not None:
+            self.frequency.load_state_dict(state["frequency"])
 
 
 def local_estimate(theta_sq: float, mixing: Mixing) -> dict:
@@ -426,6 +473,7 @@ class GossipOptions:
     topology: str = "ring"
     topology_seed: int | None = None  # None: the run's seed
     gossip_form: str = "step-then-mix"
+    local_steps: int = 1  # H: local steps per gossip round (1: D-SGD); H_0 under frequency control
     phases: list[str] = field(default_factory=list)  # a mode per phase: allreduce | gossip | controlled
     phase_epochs: list[float] = field(default_factory=list)  # boundaries; [] = the lr milestones
     phase_steps: list[int] = field(default_factory=list)  # boundaries in steps instead
@@ -433,6 +481,7 @@ class GossipOptions:
 
     def validate(self, cfg) -> None:
         TOPOLOGIES.parse(self.topology)
+        _positive_int(self, "local_steps")
         if self.phase_epochs and self.phase_steps:
             raise ConfigError("give the gossip phase boundaries as phase_epochs or phase_steps, not both")
         if (self.phase_epochs or self.phase_steps) and not self.phases:
@@ -456,6 +505,9 @@ class GossipOptions:
             raise ConfigError("a controlled phase needs consensus.target (constant, gradient or run:DIR)")
         if self.consensus.target == "gradient" and cfg.metrics_every != 1:
             raise ConfigError("consensus.target gradient follows φ² at every step: it needs metrics_every: 1")
+        if self.consensus.action == "frequency" and self.local_steps > self.consensus.max_local_steps:
+            raise ConfigError(f"local_steps (the first gossip period, {self.local_steps}) must be at most "
+                              f"consensus.max_local_steps ({self.consensus.max_local_steps})")
 
 
 @dataclass
@@ -535,7 +587,8 @@ def _hierarchical(cfg, ctx: Context) -> LocalSGD:
 
 
 @ALGORITHMS.register("gossip", options=GossipOptions,
-                     help="D-SGD over a topology, by phase, with consensus control (Kong et al.)")
+                     help="D-SGD over a topology (a gossip round every H steps), by phase, with consensus control "
+                          "(Kong et al.)")
 def _gossip(cfg, ctx: Context) -> Decentralized:
     topology = build_topology(cfg.topology, cfg.workers,
                               seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
@@ -544,13 +597,16 @@ def _gossip(cfg, ctx: Context) -> Decentralized:
     if ctx.reference is not None and steps is not None and len(ctx.reference) < steps:
         raise ConfigError(f"consensus.target {cfg.consensus.target[:100]} has {len(ctx.reference)} steps; "
                           f"this run needs {steps}")
-    controller = None
+    controller = frequency = None
     if cfg.consensus.target != "none":
         p = 1 - (1 - spectral_gap(topology)) ** 2
-        controller = Controller(build_target(cfg.consensus, p, ctx.reference), cfg.consensus.max_extra_rounds,
-                                cfg.consensus.on_budget)
+        target = build_target(cfg.consensus, p, ctx.reference)
+        if cfg.consensus.action == "frequency":
+            frequency = FrequencyControl(target, cfg.local_steps, cfg.consensus.max_local_steps)
+        else:
+            controller = Controller(target, cfg.consensus.max_extra_rounds, cfg.consensus.on_budget)
     return Decentralized(topology, cfg.gossip_form, modes, phase_starts(cfg, ctx), controller, _shared(cfg, ctx),
-                         ctx.optimizer_rows)
+                         ctx.optimizer_rows, cfg.local_steps, frequency)
 
 
 @ALGORITHMS.register("diloco", options=DiLoCoOptions,

@@ -281,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true",
                    help="replace the run in a non-empty --out (at the new run's first checkpoint)")
     t.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR from its last checkpoint "
-                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger)")
+                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger "
+                   "and the sharpness keys)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 

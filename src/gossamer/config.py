@@ -83,6 +83,9 @@ class Config:
     checkpoint_every: float = 1.0  # epochs (fractions allowed); and always at the last step
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
     logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
+    sharpness: bool = False  # at each evaluation, the top Hessian eigenvalue of the training loss at x̄
+    sharpness_samples: int | None = None  # the fixed training subset it is taken over (None: 1000, or all if fewer)
+    sharpness_iterations: int = 20  # power iterations (Hessian-vector products)
     # time (gossamer.network): none of it without a network section
     network: NetworkConfig | None = field(default=None, metadata={"section": NetworkConfig})
     compute_ms: float | str | None = None  # one worker's step: measured (the default), ms, or flops:TFLOPS
@@ -105,7 +108,12 @@ class Config:
         raise AttributeError(f"config has no key '{name}' (neither a general key nor an option of {chosen})")
 
     def validate(self) -> Config:
-        _positive_int(self, "workers", "epochs", "batch_size", "eval_every", "metrics_every")
+        _positive_int(self, "workers", "epochs", "batch_size", "eval_every", "metrics_every", "sharpness_iterations")
+        if self.sharpness_samples is not None:
+            _positive_int(self, "sharpness_samples")
+        for name in ("sharpness_samples", "sharpness_iterations"):
+            if not self.sharpness and getattr(self, name) != getattr(Config, name):
+                raise ConfigError(f"{name} applies only with sharpness: true")
         _choice(self, "device", DEVICES)
         _choice(self, "partition", PARTITIONS)
         _choice(self, "lr_scaling", LR_SCALINGS)

@@ -443,3 +443,33 @@ def plot_consensus(metrics: dict[str, Path], phase_epochs: list[float], out: Pat
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
+
+
+def plot_tradeoff(summaries: dict[str, list[dict]], out: Path, title: str) -> None:
+    """The test metric of x̄ against communication rounds (log scale) and, where every run measured
+    it, against sharpness: one point per variant, mean ± std over its seeds' summaries."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [s for group in summaries.values() for s in group]
+    metric = "test_accuracy" if all("test_accuracy" in s for s in runs) else "test_loss"
+    panels = [("comm_rounds", "communication rounds", "log")]
+    if all("sharpness" in s for s in runs):
+        panels.append(("sharpness", "sharpness of x̄ (top Hessian eigenvalue of the training loss)", "linear"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for ax, (key, label, scale) in zip(axes[0], panels):
+        for name, group in summaries.items():
+            x, y = [s[key] for s in group], [s[metric] for s in group]
+            spread = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in (x, y)]
+            point = statistics.mean(x), statistics.mean(y)
+            ax.errorbar(*point, xerr=spread[0], yerr=spread[1], fmt="o", capsize=3, markersize=4)
+            ax.annotate(name, point, textcoords="offset points", xytext=(4, 3), fontsize=6)
+        ax.set(xscale=scale, xlabel=label, ylabel=f"{metric.replace('_', ' ')} (x̄)")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)

@@ -2,8 +2,12 @@
 
 A suite is a list of variants (config overrides) run for several seeds; it writes every run,
 ``results.md`` (mean ± std over seeds of the test metrics, Ξ² per learning-rate phase,
-communication) and a plot of Ξ² over training with the phases marked; ``time-to-accuracy``
-instead its tables of simulated time to a target accuracy and plots of accuracy against it.
+communication, and where measured the sharpness of x̄ and the rounds frequency control saved), a
+plot of Ξ² over training with the phases marked and one of the test metric against communication
+(and against sharpness, where measured); ``time-to-accuracy`` instead its tables of simulated time
+to a target accuracy and plots of accuracy against it. Suites: ``ring-scaling``,
+``consensus-phases``, ``decentralized-adam`` (Kong et al.), ``local-sgd`` (Lin et al.),
+``time-to-accuracy`` (both).
 
 Scales: ``cpu`` (the default) runs each suite on a small workload from a base list of overrides
 (MNIST-1D and the 1-D CNN; the character Transformer on the offline ``pydoc-topics`` text for
@@ -23,7 +27,7 @@ from typing import Callable
 import torch
 
 from .config import Config, ConfigError, load_config
-from .report import plot_consensus, plot_runs, read_rows, read_summary, test_metrics
+from .report import plot_consensus, plot_runs, plot_tradeoff, read_rows, read_summary, test_metrics
 from .train import reached_target
 
 SCALES = ("cpu", "paper")
@@ -105,12 +109,26 @@ def consensus_phases(scale: str, quick: bool) -> Suite:
         Variant("dec-phase-2", [*gossip, "phases=[allreduce,gossip,allreduce]"], n),
         Variant("dec-phase-3", [*gossip, "phases=[allreduce,allreduce,gossip]"], n),
     ]
-    for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25)):
+    for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25), ("1/8", 0.125), ("1/16", 0.0625)):
         suite.variants.append(Variant(
             f"ctrl-phase-1 c={label}",
             [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}",
              f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
+    # control by frequency can only lengthen the gossip period beyond D-SGD's one step: a fraction
+    # c < 1 of D-SGD's own distance would keep H = 1, so these follow c × η_t·sqrt(EMA φ²)/p,
+    # the on-the-fly reading of "c × φ^ema", which lies above the ring's distance
+    suite.variants += [
+        Variant(f"dec-phase-1 H={FREQUENCY_MAX}", [*gossip, f"local_steps={FREQUENCY_MAX}",
+                                                  "phases=[gossip,allreduce,allreduce]"], n),
+        *[Variant(f"freq-phase-1 c={label}", [*gossip, "phases=[controlled,allreduce,allreduce]",
+                                              "consensus.target=gradient", f"consensus.factor={c}",
+                                              "consensus.action=frequency", f"consensus.max_local_steps={FREQUENCY_MAX}"],
+                  n) for label, c in (("1/2", 0.5), ("1/4", 0.25))],
+    ]
     return suite
+
+
+FREQUENCY_MAX = 16  # the longest gossip period of the frequency-controlled variants
 
 
 def decentralized_adam(scale: str, quick: bool) -> Suite:
@@ -134,6 +152,29 @@ def decentralized_adam(scale: str, quick: bool) -> Suite:
         Variant("allreduce adam", ["algorithm=allreduce"], n),
         Variant("ring adam, local moments", gossip, n),
         Variant("ring adam, moments averaged", [*gossip, "average_optimizer_state=true"], n),
+    ]
+    return suite
+
+
+def local_sgd(scale: str, quick: bool) -> Suite:
+    """Lin et al.'s generalization study at equal global batch n·B: small-batch SGD (one worker,
+    batch B), large-batch SGD (All-Reduce, n workers), local SGD and post-local SGD (switch at
+    the first decay) with H = 4 and 16, hierarchical local SGD; test accuracy, sharpness of x̄
+    (the top Hessian eigenvalue of the training loss) and communication rounds."""
+    n = 4 if quick else 16
+    if scale == "paper":
+        suite = Suite(f"local-sgd (paper scale): CIFAR-10 ResNet-20, equal global batch n·B, n = {n}",
+                      ["sharpness=true"], base_file="lin2020-cifar10-resnet20-minibatch.yaml")
+    else:
+        suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), "sharpness=true"])
+    block = 2 if quick else 4
+    suite.variants = [
+        Variant("small-batch (1 worker)", ["algorithm=allreduce"], 1),
+        Variant(f"large-batch (All-Reduce, n={n})", ["algorithm=allreduce"], n),
+        *[Variant(f"local H={h}", ["algorithm=local", f"local_steps={h}"], n) for h in (4, 16)],
+        *[Variant(f"post-local H={h}", ["algorithm=post-local", f"local_steps={h}"], n) for h in (4, 16)],
+        Variant(f"hierarchical H=4, H_b=4, blocks of {block}",
+                ["algorithm=hierarchical", "local_steps=4", "block_rounds=4", f"block_size={block}"], n),
     ]
     return suite
 
@@ -202,7 +243,7 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
 
 
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
-                                                   "decentralized-adam": decentralized_adam,
+                                                   "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
                                                    "time-to-accuracy": time_to_accuracy}
 
 
@@ -293,7 +334,7 @@ def sample_flops(cfg: Config, data) -> tuple[int, int]:
 
 
 def _slug(name: str) -> str:
-    return name.replace(" ", "_").replace("=", "").replace("/", "-").replace(",", "")
+    return name.replace(" ", "_").replace("=", "").replace("/", "-").replace(",", "").replace("(", "").replace(")", "")
 
 
 def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
@@ -312,18 +353,25 @@ def _mean_std(values: list[float], fmt: str) -> str:
     return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(std)}"
 
 
+OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_saved", "gossip rounds saved", "{:.0f}")]
+"""Summary keys shown, as (key, heading, format), where a run of the suite has them ("—": a variant without)."""
+
+
 def _runs(name: str, out: Path, seeds: int) -> list[Path]:
     return [out / f"{_slug(name)}-seed{s}" for s in range(seeds)]
 
 
 def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str:
-    """The table of the test metrics, mean Ξ² per learning-rate phase and rounds; the Ξ² plot."""
+    """The table of the test metrics, mean Ξ² per learning-rate phase, rounds (and the optional
+    columns); the Ξ² plot and the test metric against communication (and sharpness)."""
     boundaries = configs[suite.variants[0].name].milestones
     phases = len(boundaries) + 1
     summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
     metrics = test_metrics([s for runs in summaries.values() for s in runs])
+    optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in s for runs in summaries.values() for s in runs)]
     head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics],
-            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "comm rounds", "extra gossip rounds"]
+            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "comm rounds", "extra gossip rounds",
+            *[heading for _, heading, _ in optional]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
         per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in range(seeds)]
@@ -331,11 +379,14 @@ def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str
         cells = [v.name, *[_mean_std([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
                  _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
-                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}")]
+                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
+                 *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
     plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
                    boundaries, out / "consensus.png", suite.title)
-    return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n"
+    plot_tradeoff(summaries, out / "tradeoff.png", suite.title)
+    return ("\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n"
+            "![test metric against communication](tradeoff.png)\n")
 
 
 def _at_target(runs: list[Path], cfg) -> list[dict | None]:

@@ -31,8 +31,9 @@ from .engines import Engine, build_engine
 from .models import build_model, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
+from .sharpness import model_sharpness, training_subset
 from .tasks import TASKS, Task
-from .workers import WorkerMatrix
+from .workers import WorkerMatrix, flatten
 
 
 class Diverged(RuntimeError):
@@ -87,6 +88,7 @@ class Progress:
 
     grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
     extra_gossip_rounds: int = 0
+    gossip_rounds_saved: int = 0  # by frequency control, against its fixed period
     sim_seconds: float = 0.0  # simulated time (with a network): compute + communication
     sim_seconds_comm: float = 0.0  # ... of which communication not hidden by compute
     steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
@@ -115,6 +117,9 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     task = TASKS[data.task]
     engine = engine or build_engine(cfg, device)
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+    if cfg.sharpness and (cfg.sharpness_samples or 0) > len(data.y_train):
+        raise ConfigError(f"sharpness_samples ({cfg.sharpness_samples}) must be at most the {len(data.y_train)} "
+                          f"samples of the training set")
     if cfg.partition == "dirichlet" and data.task != "classification":
         raise ConfigError(f"partition 'dirichlet' splits classes among workers; dataset '{cfg.dataset}' is a "
                           f"{data.task} task: use partition: iid")
@@ -228,12 +233,21 @@ def averaged_model(run: Run, t: int) -> torch.nn.Module:
 def evaluate(run: Run, t: int) -> dict[str, float]:
     """The task's test metrics of the averaged model x̄ (statistics per ``bn_eval``, see
     :func:`averaged_model`), and their mean over the local models (``*_local_mean``, each with its
-    own statistics)."""
-    w, e, d = run.workers, run.engine, run.data
-    metrics = run.task.evaluate(averaged_model(run, t), d.x_test, d.y_test)
+    own statistics); with ``sharpness``, the top Hessian eigenvalue of the training loss at x̄ (with
+    the same statistics) before step t."""
+    w, e, d, cfg = run.workers, run.engine, run.data, run.cfg
+    model = averaged_model(run, t)
+    metrics = run.task.evaluate(model, d.x_test, d.y_test)
+    if cfg.sharpness:  # before the local models rebind the template
+        x_bar, b_bar = flatten(model)
+        subset = training_subset(len(d.y_train), cfg.sharpness_samples, cfg.seed).to(d.y_train.device)
+        sharpness = model_sharpness(w, x_bar, b_bar, d.x_train[subset], d.y_train[subset], cfg.sharpness_iterations,
+                                    seed=_batch_seed(cfg.seed, t + 1))  # the start vector: by the steps done
     local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in range(w.m)]
     for key in list(metrics):
         metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local], dtype=torch.float64))
+    if cfg.sharpness:
+        metrics["sharpness"] = sharpness
     return metrics
 
 
@@ -254,6 +268,7 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     timed(run.optimizer.step, w.X, w.G, lr)
     metrics = run.schedule.after_step(e, w.X, step)
     progress.extra_gossip_rounds += metrics.get("extra_gossip_rounds", 0)
+    progress.gossip_rounds_saved += metrics.get("gossip_rounds_saved", 0)
     if not measure:
         return metrics
     loss = e.mean_scalar(losses)
@@ -325,13 +340,15 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             bar.close()
             raise Interrupted(t + 1)
     bar.close()
-    final = {k: v for k, v in row.items() if k.startswith("test_")}
+    final = {k: v for k, v in row.items() if k.startswith("test_") or k == "sharpness"}
+    frequency = getattr(cfg, "consensus", None) and cfg.consensus.action == "frequency"
     return {
         **final,
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
         **e.comm.summary(),
         "extra_gossip_rounds": state.extra_gossip_rounds,
+        **({"gossip_rounds_saved": state.gossip_rounds_saved} if frequency else {}),
         "steps": cfg.epochs * S,
         "parameters": w.d,
         **({"bn_eval": cfg.bn_eval} if cfg.bn_eval else {}),
