@@ -44,6 +44,13 @@ def one_line_error(capsys, argv: list[str], *fragments: str) -> str:
     (["engine=dist", "dist_timeout=.inf"], "dist_timeout must be a finite number"),
     (["engine=dist", "dist_backend=nccl"], "dist_backend nccl needs device cuda"),
     (["algorithm=diloco", "average_optimizer_state=true"], "average_optimizer_state does not apply to algorithm diloco"),
+    (["algorithm=gossip", "local_steps=0"], "local_steps must be a positive integer, got 0"),
+    (["algorithm=gossip", "consensus.action=" + "x" * 5000], "unknown consensus.action 'xxxx"),
+    (["algorithm=gossip", "consensus.target=gradient", "consensus.action=frequency", "consensus.max_local_steps=0"],
+     "consensus.max_local_steps must be a positive integer"),
+    ([*TINY, "sharpness=true", "sharpness_samples=5000"], "sharpness_samples (5000) must be at most the 160 samples"),
+    (["sharpness_samples=100"], "sharpness_samples applies only with sharpness: true"),
+    (["sharpness=true", "sharpness_iterations=0"], "sharpness_iterations must be a positive integer"),
     (["algorithm=" + "x" * 100_000], "unknown algorithm 'xxxxx"),
     (["x" * 5000 + "=1"], "unknown config key 'xxxx"),
 ])
@@ -128,7 +135,8 @@ def test_zero_epochs_and_zero_seeds(tmp_path, capsys):
 def _known_keys() -> list[str]:
     keys = [f.name for f in Config.__dataclass_fields__.values() if not f.metadata.get("internal")]
     keys += [k for registry in KINDS.values() for e in registry.entries.values() for k in e.keys]
-    return sorted(set(keys)) + ["consensus.target", "consensus.value", "consensus.max_extra_rounds"]
+    return sorted(set(keys)) + ["consensus.target", "consensus.value", "consensus.max_extra_rounds", "network.preset",
+                                "network.bandwidth", "network.latency", "network.workers_per_node"]
 
 
 VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.integers(-10**12, 10**12),

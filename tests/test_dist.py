@@ -21,6 +21,10 @@ from gossamer.cli import main
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 FAST = ["grad_backend=loop"]  # the per-worker module loop: the fast gradients for the small CNN
 
+# simulated time on 2 nodes of 2 workers, with a target: the same sim_seconds on both engines
+TIMED = ["network=ethernet-1g", "network.workers_per_node=2", "compute_ms=3", "target_accuracy=0.2"]
+MEASURED = ("wall_seconds", "comm_seconds", "comm_seconds_metrics")  # wall-clock: the dist engine's own
+
 # (name, overrides): each runs on 4 processes and on 2 (2 workers each), compared with engine=sim.
 PARITY_CASES = [
     ("allreduce", ["algorithm=allreduce"]),
@@ -28,11 +32,18 @@ PARITY_CASES = [
     ("gossip-ring", ["algorithm=gossip", "topology=ring"]),
     ("gossip-one-peer-exponential", ["algorithm=gossip", "topology=one-peer-exponential"]),
     ("post-local", ["algorithm=post-local", "switch_step=6", "local_steps=2"]),
-    ("hierarchical", ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2"]),
+    ("hierarchical", ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2", *TIMED]),
     ("local-ef-sign", ["algorithm=local", "local_steps=2", "compression=ef-sign"]),
-    ("gossip-controlled", ["algorithm=gossip", "topology=ring", "consensus.target=constant", "consensus.value=0.01"]),
+    ("gossip-controlled", ["algorithm=gossip", "topology=ring", "consensus.target=constant", "consensus.value=0.01",
+                           "network=ethernet-10g", "compute_ms=1"]),
     ("gossip-phases", ["algorithm=gossip", "topology=one-peer-exponential", "phases=[allreduce,gossip]",
                        "phase_epochs=[0.5]"]),
+    ("gossip-local-mix-then-step", ["algorithm=gossip", "topology=ring", "local_steps=3",
+                                    "gossip_form=mix-then-step"]),
+    # H_t goes 2, 3, 1, 2 here (every decision 0.7 % or more from its threshold: float64 rounding cannot flip it)
+    ("gossip-frequency", ["algorithm=gossip", "topology=one-peer-exponential", "local_steps=2",
+                          "consensus.target=constant", "consensus.value=0.1", "consensus.action=frequency",
+                          "consensus.max_local_steps=6", "sharpness=true", "sharpness_samples=200"]),
     ("diloco", ["algorithm=diloco", "local_steps=3"]),
     ("local-ef-top-k", ["algorithm=local", "local_steps=2", "compression=ef-top-k:0.1"]),
     ("post-local-random-k", ["algorithm=post-local", "switch_step=4", "local_steps=2", "compression=random-k:0.2"]),
@@ -99,9 +110,8 @@ def dist_runs(tmp_path_factory, cifar_case):
 
 
 def summary_of(run: Path) -> dict:
-    s = json.loads((run / "summary.json").read_text())
-    s.pop("wall_seconds")
-    return s
+    """summary.json without what was measured by the clock of this machine."""
+    return {k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k not in MEASURED}
 
 
 def assert_same_summary(a: dict, b: dict, rel: float) -> None:
@@ -109,7 +119,7 @@ def assert_same_summary(a: dict, b: dict, rel: float) -> None:
     another order across processes)."""
     assert a.keys() == b.keys()
     for key in a:
-        if isinstance(a[key], float) and ("loss" in key or "consensus" in key or "theta" in key):
+        if isinstance(a[key], float) and ("loss" in key or "consensus" in key or "theta" in key or key == "sharpness"):
             assert a[key] == pytest.approx(b[key], rel=rel, abs=1e-20), key
         else:
             assert a[key] == b[key], key
@@ -132,8 +142,21 @@ def test_dist_matches_the_simulator(name, procs, sim_run, dist_runs, cifar_case)
     assert a["schedule"].keys() == b["schedule"].keys() and a["comm"] == b["comm"]
     assert_same_summary(summary_of(sim), summary_of(dist_), rel=1e-9)
     rows = [json.loads(line) for line in (dist_ / "metrics.jsonl").read_text().splitlines()]
-    assert [r["comm_rounds"] for r in rows] == [json.loads(line)["comm_rounds"]
-                                                 for line in (sim / "metrics.jsonl").read_text().splitlines()]
+    sim_rows = [json.loads(line) for line in (sim / "metrics.jsonl").read_text().splitlines()]
+    for key in ("comm_rounds", "gossip_period", "sim_seconds"):  # sim_seconds: the same events priced
+        assert [r.get(key) for r in rows] == [r.get(key) for r in sim_rows], key
+
+
+@pytest.mark.parametrize("procs", [4, 2])
+def test_the_dist_engine_times_its_communication_with_a_network(procs, dist_runs):
+    """comm_seconds: the wall time of the algorithm's collectives, growing with the rows; only
+    where time is asked for (a network section)."""
+    rows = [json.loads(line) for line in (dist_runs(procs) / "hierarchical" / "metrics.jsonl").read_text().splitlines()]
+    measured = [r["comm_seconds"] for r in rows]
+    assert measured == sorted(measured) and measured[-1] > 0
+    s = json.loads((dist_runs(procs) / "hierarchical" / "summary.json").read_text())
+    assert s["comm_seconds"] == measured[-1] and s["comm_seconds_metrics"] > 0
+    assert "comm_seconds" not in json.loads((dist_runs(procs) / "local" / "summary.json").read_text())
 
 
 @pytest.mark.parametrize("procs", [4, 2])

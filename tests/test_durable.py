@@ -66,6 +66,9 @@ CASES = {
     "hierarchical": ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2"],
     "gossip-controlled-run-dir": ["algorithm=gossip", "phases=[controlled,allreduce]", "phase_epochs=[1]",
                                   "consensus.target=run:{ref}", "consensus.factor=0.5", "momentum=0.9"],
+    "gossip-frequency-sharpness": ["algorithm=gossip", "local_steps=2", "consensus.target=constant",
+                                   "consensus.value=0.1", "consensus.action=frequency", "consensus.max_local_steps=6",
+                                   "sharpness=true", "sharpness_samples=200"],
     "diloco": ["algorithm=diloco", "local_steps=5"],
     "adam": ["algorithm=local", "local_steps=2", "optimizer=adam", "lr=0.003"],
     "choco-random-k": ["algorithm=choco", "topology=one-peer-exponential", "compression=random-k:0.1",
@@ -74,6 +77,8 @@ CASES = {
     "gradient-tracking": ["algorithm=gradient-tracking", "momentum=0.9"],
     "gossip-quasi-global-estimate": ["algorithm=gossip", "momentum_mode=quasi-global", "momentum=0.9",
                                      "consensus.target=constant", "consensus.value=0.05", "consensus.measure=estimate"],
+    "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
+                       "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }
 
 

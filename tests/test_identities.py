@@ -113,3 +113,20 @@ def test_learning_rate_schedule():
     assert lr_at(cfg, 9, S) == pytest.approx(0.4)
     assert lr_at(cfg, 14, S) == pytest.approx(0.4)
     assert lr_at(cfg, 15, S) == pytest.approx(0.04)
+
+
+def test_local_gossip_on_the_complete_graph_equals_local_sgd():
+    """W = 11ᵀ/n is the exact average: H local steps then a round is local SGD with H."""
+    extra = ("momentum=0.9", "nesterov=true", "local_steps=3")
+    _, local = train_final("algorithm=local", *extra)
+    _, gossip = train_final("algorithm=gossip", "topology=complete", *extra)
+    torch.testing.assert_close(gossip.workers.X, local.workers.X, atol=1e-12, rtol=0)
+
+
+def test_local_gossip_with_h1_is_d_sgd_and_with_h_gt_1_is_not():
+    summary, one = train_final("algorithm=gossip", "local_steps=1", "momentum=0.9")
+    _, dsgd = train_final("algorithm=gossip", "momentum=0.9")
+    torch.testing.assert_close(one.workers.X, dsgd.workers.X, atol=0, rtol=0)
+    local_summary, local = train_final("algorithm=gossip", "local_steps=4", "momentum=0.9")
+    assert (local.workers.X - dsgd.workers.X).abs().max() > 1e-6
+    assert local_summary["comm_rounds"] == summary["comm_rounds"] // 4 == 6

@@ -43,10 +43,15 @@ PARITY_CASES = [
                                    "phase_steps": [6]}, "ddp": True}),
     ("dec-phase-1", ["algorithm=gossip", "topology=ring", "phases=[gossip,allreduce]", "phase_steps=[5]"],
      {"kind": "Gossip", "kwargs": {"topology": "ring", "phases": ["gossip", "allreduce"], "phase_steps": [5]}}),
+    ("gossip-local-frequency", ["algorithm=gossip", "topology=ring", "local_steps=2", "consensus.target=constant",
+                                "consensus.value=0.1", "consensus.action=frequency", "consensus.max_local_steps=4"],
+     {"kind": "Gossip", "kwargs": {"topology": "ring", "local_steps": 2, "consensus": {
+         "target": "constant", "value": 0.1, "action": "frequency", "max_local_steps": 4}}}),
     ("diloco", ["algorithm=diloco", "local_steps=3"], {"kind": "DiLoCo", "kwargs": {"local_steps": 3}}),
 ]
 CASES = {name: (overrides, hook) for name, overrides, hook in PARITY_CASES}
-RESUME_CASES = ["local-ef-sign", "post-local", "gossip-one-peer-exponential", "dec-phase-1", "diloco"]
+RESUME_CASES = ["local-ef-sign", "post-local", "gossip-one-peer-exponential", "dec-phase-1", "gossip-local-frequency",
+                "diloco"]
 
 
 @pytest.fixture(scope="module")

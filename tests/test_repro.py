@@ -1,13 +1,16 @@
 """The repro suites: their --quick form runs every variant and writes results.md and the plot; the
 paper scale runs the shipped configs/paper files, checked and estimated before anything trains."""
 
+import json
+import re
+
 import pytest
 import yaml
 
 from conftest import write_cifar
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.repro import PAPER_CONFIGS, SUITES, build_suite
+from gossamer.repro import KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, PAPER_CONFIGS, SUITES, _slug, build_suite
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -19,26 +22,49 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     assert f"gossamer repro {suite} --seeds 1 --quick --set weight_decay=0`" in table
     for run in (p for p in out.iterdir() if p.is_dir()):  # the override reached every run
         assert yaml.safe_load((run / "config.yaml").read_text())["weight_decay"] == 0
-    for variant in build_suite(suite, "cpu", quick=True).variants:
-        assert f"| {variant.name} |" in table
-    assert (out / "consensus.png").stat().st_size > 10_000
+    for variant in build_suite(suite, "cpu", quick=True).variants:  # time-to-accuracy: a column per network
+        assert f"| {variant.name.split(' on ')[0]} |" in table
+    plots = re.findall(r"!\[[^]]*\]\(([^)]+)\)", table)
+    assert plots and all((out / p).stat().st_size > 10_000 for p in plots)
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
     assert main(["repro", suite, "--quick", "--out", str(tmp_path / "other"), "--set", "colour=red"]) == 2
     main_table, _, estimates = table.partition("## Control from the local estimate")
-    rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in main_table.splitlines()
-            if line.startswith("| ")}
-    if suite == "consensus-phases":  # control bought a smaller phase-1 Ξ² with extra rounds
-        ring, ctrl = rows["ring"], rows["ctrl-phase-1 c=1/4"]
-        assert float(ctrl[2].split(" ± ")[0]) < float(ring[2].split(" ± ")[0])
-        assert float(ctrl[-1].split(" ± ")[0]) > 0
+    cells = [[c.strip() for c in line.strip("| ").split(" | ")] for line in main_table.splitlines()
+             if line.startswith("| ")]
+    rows = {row[0]: dict(zip(cells[0], row)) for row in cells[1:]}
+
+    def mean(variant: str, column: str) -> float:
+        return float(rows[variant][column].split(" ± ")[0])
+    if suite == "consensus-phases":  # control bought a smaller phase-1 Ξ² with extra rounds, or saved rounds
+        assert mean("ctrl-phase-1 c=1/4", "mean Ξ² phase 1") < mean("ring", "mean Ξ² phase 1")
+        assert mean("ctrl-phase-1 c=1/4", "extra gossip rounds") > 0
+        assert rows["freq-phase-1 c=1/2"]["gossip rounds saved"] != "—" and rows["ring"]["gossip rounds saved"] == "—"
         assert "| ctrl-phase-1 c=1/4 | " in estimates
+    if suite == "local-sgd":  # every run measured the sharpness of x̄; local SGD communicated less
+        assert all(mean(v, "sharpness (x̄)") > 0 for v in rows)
+        assert mean("local H=16", "comm rounds") < mean("large-batch (All-Reduce, n=4)", "comm rounds")
     if suite == "decentralized-adam":  # a language model: test loss and perplexity, no accuracy
         assert "test loss (x̄) | test ppl (x̄)" in table and "test acc" not in table
-        assert float(rows["allreduce adam"][3].split(" ± ")[0]) < 1e-9  # All-Reduce keeps Ξ² at 0
-        assert float(rows["ring adam, local moments"][3].split(" ± ")[0]) > 1e-6
+        assert mean("allreduce adam", "mean Ξ² phase 1") < 1e-9  # All-Reduce keeps Ξ² at 0
+        assert mean("ring adam, local moments", "mean Ξ² phase 1") > 1e-6
     if suite == "heterogeneous":  # gradient tracking gossips x and y: twice D-SGD's bytes
-        megabytes = {name: float(rows[name][-3].split(" ± ")[0]) for name in ("D-SGD iid", "gradient tracking iid")}
-        assert megabytes["gradient tracking iid"] == pytest.approx(2 * megabytes["D-SGD iid"], rel=1e-2)
+        assert mean("gradient tracking iid", "MB/worker") == pytest.approx(2 * mean("D-SGD iid", "MB/worker"), rel=1e-2)
+    if suite == "time-to-accuracy":
+        the_network_changes_time_not_training(out, table)
+
+
+def the_network_changes_time_not_training(out, table: str) -> None:
+    """Each Lin variant trained on both networks: the same training, more simulated seconds on the
+    slow one; control's extra rounds cost seconds."""
+    fast, slow = LIN_NETWORKS
+    for variant in (v for v in build_suite("time-to-accuracy", "cpu", quick=True).variants if v.name.endswith(fast)):
+        a, b = (json.loads((out / f"{_slug(v)}-seed0" / "summary.json").read_text())
+                for v in (variant.name, variant.name.replace(fast, slow)))
+        assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
+        assert b["sim_seconds"] > a["sim_seconds"] > 0 and b["sim_seconds_to_target"] >= a["sim_seconds_to_target"]
+    assert f"s to target on {fast}" in table and f"s to target on {slow}" in table
+    ctrl = next(line for line in table.splitlines() if line.startswith("| ctrl-phase-1 c=1/4"))
+    assert float(ctrl.split(" | ")[-1].split(" ± ")[0]) > 0
 
 
 # the shipped file that each paper-scale variant is (up to the reference run of controlled ones)
@@ -72,6 +98,20 @@ def test_paper_scale_heterogeneous_variants_are_valid_configs():
                                                                        ("gradient-tracking", "iid", "resnet20")}
 
 
+def test_paper_scale_time_to_accuracy_starts_each_paper_from_its_own_file():
+    s = build_suite("time-to-accuracy", "paper")
+    configs = {v.name: s.config(v) for v in s.variants}
+    fast, slow = LIN_NETWORKS
+    for name, shipped, workers in ((f"mini-batch B=128 on {slow}", LIN_CIFAR, 16), ("ring n=32", KONG_CIFAR, 32)):
+        cfg, paper = configs[name], load_config(PAPER_CONFIGS / shipped)
+        assert (cfg.workers, cfg.batch_size, cfg.lr, cfg.epochs, cfg.model) == \
+            (workers, paper.batch_size, paper.lr, paper.epochs, "resnet20")
+        assert (cfg.compute_ms, cfg.target_accuracy) == ("flops:25", 0.9)
+    large = configs[f"mini-batch B=512 on {fast}"]  # 4 × the batch at the same lr per sample
+    assert (large.batch_size, large.lr) == (512, 0.8)
+    assert configs["hierarchical H=2 H_b=8 on " + slow].block_size == 4
+
+
 def test_every_paper_config_loads_with_the_papers_values():
     files = sorted(PAPER_CONFIGS.glob("*.yaml"))
     assert len(files) == 14
@@ -103,3 +143,12 @@ def test_paper_scale_dry_run_prints_the_work_and_trains_nothing(tmp_path, capsys
     monkeypatch.setenv("GOSSAMER_DATA", str(tmp_path / "nothing"))
     assert main(["repro", "consensus-phases", "--scale", "paper", "--dry-run", "--set", "download=false"]) == 2
     assert "CIFAR-10 (cifar-10-batches-bin/" in capsys.readouterr().err
+
+
+def test_local_sgd_at_paper_scale_is_lins_mini_batch_config_measuring_sharpness():
+    suite = build_suite("local-sgd", "paper")
+    large = next(v for v in suite.variants if v.name == "large-batch (All-Reduce, n=16)")
+    shipped = load_config(PAPER_CONFIGS / "lin2020-cifar10-resnet20-minibatch.yaml", ["sharpness=true"])
+    assert suite.config(large).to_dict() == shipped.to_dict()
+    post = next(v for v in suite.variants if v.name == "post-local H=16")
+    assert (suite.config(post).algorithm, suite.config(post).local_steps) == ("post-local", 16)

@@ -1,6 +1,8 @@
 """Which communication primitive each schedule calls at which step, recorded by a fake engine
 (no processes); and that measurement never changes training and is counted apart."""
 
+import itertools
+
 import pytest
 import torch
 
@@ -43,9 +45,10 @@ class RecordingEngine(SimEngine):
         return super().all_gather(payload, block_size)
 
 
-def record(*overrides: str, steps: int = 2 * S) -> list[tuple]:
+def record(*overrides: str, steps: int = 2 * S, mark_steps: bool = False) -> list[tuple]:
     """Drive a schedule by hand through ``steps`` steps (the loop's hooks, in its order) and
-    return the primitives it called, by step."""
+    return the primitives it called, by step (with ``mark_steps``, also (t, "local step") where
+    the local optimizer steps)."""
     from gossamer.algorithms import Step
 
     cfg = small_config(*overrides)
@@ -61,6 +64,8 @@ def record(*overrides: str, steps: int = 2 * S) -> list[tuple]:
         step = Step(t, lr=0.01, measure=False)
         run.schedule.on_gradients(engine, w.X, w.G, step)
         run.optimizer.step(w.X, w.G, 0.01)
+        if mark_steps:
+            engine.calls.append((t, "local step"))
         run.schedule.after_step(engine, w.X, step)
     return engine.calls
 
@@ -101,6 +106,27 @@ def test_gossip_with_phases_and_the_average_when_an_allreduce_phase_starts():
 def test_mix_then_step_gossips_before_the_local_step():
     calls = record("algorithm=gossip", "gossip_form=mix-then-step", steps=3)
     assert calls == [(t, "gossip", "X") for t in range(3)]
+
+
+def test_local_gossip_gossips_after_every_h_th_step_counted_from_each_decentralized_phase():
+    assert record("algorithm=gossip", "local_steps=3", steps=12) == [(t, "gossip", "X") for t in (2, 5, 8, 11)]
+    calls = record("algorithm=gossip", "local_steps=4", "phases=[allreduce,gossip,allreduce,gossip]",
+                   "phase_steps=[3,13,15]")
+    assert calls == ([(t, "allreduce", "G") for t in range(3)] + [(t, "gossip", "X") for t in (6, 10)]
+                     + [(12, "allreduce", "X")] + [(t, "allreduce", "G") for t in (13, 14)]
+                     + [(t, "gossip", "X") for t in (18, 22)])
+
+
+def test_local_gossip_in_mix_then_step_form_gossips_before_the_local_step():
+    calls = record("algorithm=gossip", "local_steps=3", "gossip_form=mix-then-step", steps=9, mark_steps=True)
+    assert calls == [c for t in range(9) for c in ([(t, "gossip", "X")] if t % 3 == 2 else []) + [(t, "local step")]]
+
+
+def test_frequency_control_lengthens_the_period_by_one_under_an_unreachable_target():
+    calls = record("algorithm=gossip", "consensus.target=constant", "consensus.value=1e9",
+                   "consensus.action=frequency", "consensus.max_local_steps=3")
+    periods = [1, 2] + [3] * 8  # H_t: +1 per round up to the maximum
+    assert calls == [(t - 1, "gossip", "X") for t in itertools.accumulate(periods) if t <= 2 * S]
 
 
 def test_diloco_averages_every_h_steps_for_its_outer_step():
@@ -176,6 +202,7 @@ def test_measurement_traffic_is_counted_apart_and_exactly():
     (["algorithm=post-local", "switch_step=5", "local_steps=3"], range(5)),
     (["algorithm=gossip", "phases=[gossip,allreduce,gossip]", "phase_steps=[4,9]"], range(4, 9)),
     (["algorithm=gossip", "gossip_form=mix-then-step", "phases=[allreduce,gossip]", "phase_steps=[7]"], range(7)),
+    (["algorithm=gossip", "local_steps=3", "phases=[gossip,allreduce]", "phase_steps=[10]"], range(10, 2 * S)),
     (["algorithm=diloco", "local_steps=4"], []),
 ])
 def test_averages_gradients_says_exactly_when_on_gradients_averages_them(overrides, steps):

@@ -19,8 +19,10 @@ import torch
 from .registry import ConfigError
 
 FORMAT = 1
-RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger")
-"""Keys a resumed run may change: its length and how it logs, nothing that changes training."""
+RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger", "sharpness",
+                  "sharpness_samples", "sharpness_iterations")
+"""Keys a resumed run may change: its length, how it logs and what it measures, nothing that
+changes training."""
 
 
 def capture(run, progress, step: int) -> dict:

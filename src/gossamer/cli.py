@@ -1,4 +1,4 @@
-"""Command line: ``gossamer train | topology | compare | demo | repro``.
+"""Command line: ``gossamer train | topology | compare | plot | demo | repro``.
 
 Bad input exits with status 2 and one line ``gossamer: error: ...`` (set GOSSAMER_DEBUG=1 for the
 traceback); a diverged run exits with status 1 and keeps its last good checkpoint; SIGINT and
@@ -22,9 +22,10 @@ from . import __version__
 from .checkpoint import check_resumable
 from .codecs import CODECS
 from .config import KINDS, ConfigError, from_dict, load_config
-from .report import (COMPARED, RunDir, comparison_table, load_checkpoint, read_summary, reference_trajectory,
-                     saved_config)
-from .repro import SCALES, SUITES
+from .network import PRESETS, NetworkConfig
+from .report import (AXES, COMPARED, RunDir, axis_table, comparison_table, load_checkpoint, plot_runs, read_summary,
+                     reference_trajectory, saved_config)
+from .repro import SCALES, SUITES, run_suite
 from .topology import TOPOLOGIES, analyse, build_topology
 from .train import Diverged, Interrupted, build_run, train
 
@@ -166,7 +167,10 @@ def cmd_train(args) -> int:
 
 
 def cmd_topology(args) -> int:
-    info = analyse(build_topology(args.name, args.n, seed=args.seed))
+    topology = build_topology(args.name, args.n, seed=args.seed)
+    info = analyse(topology)
+    if args.network:
+        info.update(network_times(topology, info["rounds_to_halve"], args.network, args.parameters))
     if args.json:
         print(json.dumps(info))
     else:
@@ -174,8 +178,42 @@ def cmd_topology(args) -> int:
     return 0
 
 
+def network_times(topology, rounds_to_halve: float, preset: str, parameters: int) -> dict:
+    """The time of one gossip round of a model of ``parameters`` float32 values on a network
+    preset (the mean over the period of a time-varying graph), of halving the disagreement, and of
+    an exact all-reduce of the same model."""
+    from types import SimpleNamespace
+
+    from .engines.stats import BYTES_PER_VALUE, Event
+
+    if parameters < 1:
+        raise ConfigError(f"--parameters must be a positive number of model values, got {parameters}")
+    net = NetworkConfig(preset)
+    net.validate(SimpleNamespace(workers=topology.n))
+    m = parameters * BYTES_PER_VALUE
+    rounds = [net.seconds(Event("gossip", topology.n, m, "gossip", w)) for w in topology.mixings]
+    round_seconds = sum(rounds) / len(rounds)
+    return {"network": preset, "parameters": parameters, "round_seconds": round_seconds,
+            "halve_seconds": rounds_to_halve * round_seconds,
+            "allreduce_seconds": net.seconds(Event("allreduce", topology.n, m, "global"))}
+
+
 def cmd_compare(args) -> int:
+    if args.x:
+        print(axis_table({str(d): Path(d) for d in args.runs}, args.x))
+        return 0
     print(comparison_table({str(d): read_summary(d, COMPARED) for d in args.runs}))
+    return 0
+
+
+def cmd_plot(args) -> int:
+    out = Path(args.out)
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--out must name a .png file, got '{args.out[:100]}'")
+    if out.exists() and not args.overwrite:
+        raise ConfigError(f"--out '{args.out[:100]}' exists; pass --overwrite to replace it")
+    plot_runs({str(d): Path(d) for d in args.runs}, args.x, args.y, out)
+    print(f"plot written to {out}")
     return 0
 
 
@@ -198,9 +236,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_repro(args) -> int:
-    """A paper experiment suite: every variant × seed, then results.md and a Ξ² plot."""
-    from .repro import run_suite
-
+    """A paper experiment suite: every variant × seed, then results.md and its plots."""
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
@@ -226,6 +262,9 @@ def _registry_help() -> str:
             lines.append(f"  {e.spec:<22} {e.help}{keys}")
         also = ", or ef-NAME for error feedback" if registry is CODECS else ""
         parts.append(f"{kind} (--set {kind}=NAME{also}):\n" + "\n".join(lines))
+    presets = [f"  {name:<22} {p.bandwidth:g} Gbit/s, {p.latency:g} µs: {p.what}" for name, p in PRESETS.items()]
+    parts.append("network (--set network=PRESET, or network.bandwidth=GBIT_S and network.latency=US; "
+                 "docs/time.md):\n" + "\n".join(presets))
     return "\n\n".join(parts)
 
 
@@ -242,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--overwrite", action="store_true",
                    help="replace the run in a non-empty --out (at the new run's first checkpoint)")
     t.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR from its last checkpoint "
-                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger)")
+                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger "
+                   "and the sharpness keys)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -251,11 +291,26 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-n", type=int, required=True, help="number of workers")
     g.add_argument("--seed", type=int, default=0, help="seed of random graphs")
     g.add_argument("--json", action="store_true", help="one JSON object")
+    g.add_argument("--network", choices=list(PRESETS),
+                   help="also the time of one round, of halving the disagreement and of an all-reduce on this network")
+    g.add_argument("--parameters", type=int, default=1_000_000,
+                   help="model size in float32 values for --network (default 1,000,000)")
     g.set_defaults(func=cmd_topology)
 
     c = sub.add_parser("compare", help="table of finished runs")
     c.add_argument("runs", nargs="+", help="run directories")
+    c.add_argument("--x", choices=list(AXES), help="along steps, epochs or simulated time: length, to target, and "
+                   "the test metric at the shortest run's length")
     c.set_defaults(func=cmd_compare)
+
+    pl = sub.add_parser("plot", help="test accuracy (or another metric) of runs against simulated time, steps or "
+                        "epochs, in one PNG")
+    pl.add_argument("runs", nargs="+", help="run directories")
+    pl.add_argument("--x", choices=list(AXES), default="steps", help="the x axis (default: steps)")
+    pl.add_argument("--y", help="a metric of the rows (default: test_accuracy, or test_loss for language models)")
+    pl.add_argument("--out", default="plot.png", help="the PNG to write (default plot.png)")
+    pl.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    pl.set_defaults(func=cmd_plot)
 
     d = sub.add_parser("demo", help="All-Reduce vs ring gossip, 16 workers, MNIST-1D (about two minutes)")
     d.add_argument("--out", help="where the two runs go (default runs/demo-TIME)")

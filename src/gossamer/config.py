@@ -28,6 +28,7 @@ from .algorithms import ALGORITHMS
 from .data import DATASETS
 from .engines import ENGINES
 from .models import MODELS
+from .network import NetworkConfig, check_compute
 from .optim import OPTIMIZERS
 from .registry import ConfigError, Registry
 from .workers import GRAD_BACKENDS
@@ -82,6 +83,14 @@ class Config:
     checkpoint_every: float = 1.0  # epochs (fractions allowed); and always at the last step
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
     logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
+    sharpness: bool = False  # at each evaluation, the top Hessian eigenvalue of the training loss at x̄
+    sharpness_samples: int | None = None  # the fixed training subset it is taken over (None: 1000, or all if fewer)
+    sharpness_iterations: int = 20  # power iterations (Hessian-vector products)
+    # time (gossamer.network): none of it without a network section
+    network: NetworkConfig | None = field(default=None, metadata={"section": NetworkConfig})
+    compute_ms: float | str | None = None  # one worker's step: measured (the default), ms, or flops:TFLOPS
+    target_accuracy: float | None = None  # summary: steps (and simulated seconds) to this test accuracy
+    target_loss: float | None = None  # ... or to this test loss (language models)
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -99,7 +108,12 @@ class Config:
         raise AttributeError(f"config has no key '{name}' (neither a general key nor an option of {chosen})")
 
     def validate(self) -> Config:
-        _positive_int(self, "workers", "epochs", "batch_size", "eval_every", "metrics_every")
+        _positive_int(self, "workers", "epochs", "batch_size", "eval_every", "metrics_every", "sharpness_iterations")
+        if self.sharpness_samples is not None:
+            _positive_int(self, "sharpness_samples")
+        for name in ("sharpness_samples", "sharpness_iterations"):
+            if not self.sharpness and getattr(self, name) != getattr(Config, name):
+                raise ConfigError(f"{name} applies only with sharpness: true")
         _choice(self, "device", DEVICES)
         _choice(self, "partition", PARTITIONS)
         _choice(self, "lr_scaling", LR_SCALINGS)
@@ -123,15 +137,34 @@ class Config:
             raise ConfigError(f"checkpoint_every must be > 0 epochs, got {self.checkpoint_every}")
         if not self.dirichlet_alpha > 0:
             raise ConfigError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
+        self._validate_time()
         for opts in self.options.values():
             opts.validate(self)
         return self
 
+    def _validate_time(self) -> None:
+        if self.network is not None:
+            self.network.validate(self)
+            check_compute(self.compute_ms if self.compute_ms is not None else "measured")
+        elif self.compute_ms is not None:
+            raise ConfigError("compute_ms applies only with a network section (network: PRESET or network.bandwidth "
+                              "and network.latency): it is the compute time of the simulated clock")
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
+        if self.target_loss is not None and not self.target_loss > 0:
+            raise ConfigError(f"target_loss must be > 0, got {self.target_loss}")
+        if self.target_accuracy is not None and self.target_loss is not None:
+            raise ConfigError("give target_accuracy or target_loss, not both")
+
     def to_dict(self) -> dict[str, Any]:
-        """The flat form: general keys, each chosen entry's options right after its name."""
+        """The flat form: general keys, each chosen entry's options right after its name; keys
+        that are unset by default (``network``, ``compute_ms``, the targets) only when set."""
         out: dict[str, Any] = {}
         for f in _fields(Config):
-            out[f.name] = getattr(self, f.name)
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            out[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
             if f.name in self.options:
                 out.update(dataclasses.asdict(self.options[f.name]))
         return out
@@ -182,6 +215,10 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
         if not isinstance(value, int) or isinstance(value, bool):
             raise ConfigError(f"{name} must be an integer, got {_short(value)}")
         return value
+    if annotation.startswith("float | str"):  # a number or a word (compute_ms)
+        if isinstance(value, str):
+            return value
+        return _coerce(name, value, "float")
     if annotation.startswith("float"):
         if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
             try:
@@ -199,15 +236,20 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
 
 
 def _section(f: dataclasses.Field) -> type | None:
-    """The dataclass of a section field (e.g. ``consensus``), else None."""
+    """The dataclass of a section field (``consensus``; ``network``, unset by default), else None."""
     factory = f.default_factory
-    return factory if factory is not MISSING and dataclasses.is_dataclass(factory) else None
+    return f.metadata.get("section") or (factory if factory is not MISSING and dataclasses.is_dataclass(factory) else None)
 
 
 def _build(cls, values: Any, prefix: str = ""):
-    """A dataclass from a mapping, checking keys and types; sections are nested dataclasses."""
+    """A dataclass from a mapping, checking keys and types; sections are nested dataclasses. A
+    section with a ``preset`` key may be given as the preset's name (``network: ethernet-10g``)."""
+    presets = "preset" in {f.name for f in _fields(cls)}
+    if isinstance(values, str) and presets:
+        values = {"preset": values}
     if not isinstance(values, dict):
-        raise ConfigError(f"{prefix.rstrip('.')} must be a section of keys, got {_short(values)}")
+        raise ConfigError(f"{prefix.rstrip('.')} must be {'a preset name or ' if presets else ''}a section of keys, "
+                          f"got {_short(values)}")
     fields = {f.name: f for f in _fields(cls)}
     unknown = sorted((str(k) for k in set(values) - set(fields)))
     if unknown:
@@ -216,7 +258,7 @@ def _build(cls, values: Any, prefix: str = ""):
     kwargs = {}
     for key, value in values.items():
         section = _section(fields[key])
-        kwargs[key] = (_build(section, value, f"{prefix}{key}.") if section
+        kwargs[key] = (_build(section, value, f"{prefix}{key}.") if section and value is not None
                        else _coerce(prefix + key, value, str(fields[key].type)))
     return cls(**kwargs)
 
@@ -333,6 +375,8 @@ def set_dotted(values: dict[str, Any], key: str, value: Any) -> None:
     *parents, leaf = key.split(".")
     node = values
     for part in parents:
+        if isinstance(node.get(part), str):  # a section given by its preset's name: network=ethernet-10g
+            node[part] = {"preset": node[part]}
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
             raise ConfigError(f"--set {key}: '{part}' is not a section")

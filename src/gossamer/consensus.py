@@ -12,7 +12,11 @@ The paper's target is "c × φ_t^ema", which reads two ways; both are here:
   distance Ξ² = O((1 − p) η² (φ² + σ²) / p²) scaled to a distance, computable on the fly.
 ``constant`` keeps Ξ ≤ a fixed value.
 
-What the controller decides from (``measure``): ``exact`` probes Ξ² after every round (an
+Two actions keep Ξ under the target (``consensus.action``): ``rounds`` (:class:`Controller`)
+adds gossip rounds after a step's own; ``frequency`` (:class:`FrequencyControl`) changes how
+many local steps the workers take between gossip rounds, the period H_t.
+
+What the rounds controller decides from (``measure``): ``exact`` probes Ξ² after every round (an
 all-reduce of d values, which a real deployment would not pay for); ``estimate`` uses only the
 local estimate Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖² of each round (a scalar all-reduce) and the
 bound Ξ ≤ (2/p)Θ (Kong et al.), p the round's mixing quality. The bound holds for the distance
@@ -23,7 +27,7 @@ spend more rounds than the exact rule would have.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -35,6 +39,7 @@ if TYPE_CHECKING:
 
 ON_BUDGET = ("allreduce", "continue")
 MEASURES = ("exact", "estimate")
+ACTIONS = ("rounds", "frequency")
 
 
 @dataclass
@@ -43,6 +48,8 @@ class ConsensusConfig:
 
     target: none | constant (Ξ ≤ value) | gradient (factor · η_t · sqrt(EMA φ_t²) / p)
     | run:DIR (factor · EMA of the Ξ_t an earlier uncontrolled run had at the same step).
+    action: rounds (extra gossip rounds, at most max_extra_rounds, then on_budget) | frequency
+    (the gossip period H_t adapts within [1, max_local_steps]).
     """
 
     target: str = "none"
@@ -52,13 +59,19 @@ class ConsensusConfig:
     on_budget: str = "allreduce"
     ema: float = 0.9
     measure: str = "exact"  # or estimate: decide from Θ and Ξ ≤ (2/p)Θ alone
+    action: str = "rounds"
+    max_local_steps: int = 16  # frequency: the longest gossip period H_t
 
     def validate(self) -> None:
         t = self.target
         if t not in ("none", "constant", "gradient") and not (t.startswith("run:") and len(t) > 4):
             raise ConfigError(f"unknown consensus.target '{t[:100]}'; choose one of: none, constant, gradient, run:DIR")
-        if t == "constant" and not self.value > 0:
-            raise ConfigError(f"consensus.target constant needs consensus.value > 0, got {self.value}")
+        if self.action not in ACTIONS:
+            raise ConfigError(f"unknown consensus.action '{self.action[:100]}'; choose one of: {', '.join(ACTIONS)}")
+        frequency = self.action == "frequency"
+        if t == "constant" and not (self.value > 0 or frequency and self.value == 0):
+            raise ConfigError(f"consensus.target constant needs consensus.value > 0 (or 0 with consensus.action "
+                              f"frequency), got {self.value}")
         if not self.factor > 0:
             raise ConfigError(f"consensus.factor must be > 0, got {self.factor}")
         if self.max_extra_rounds < 0:
@@ -67,8 +80,20 @@ class ConsensusConfig:
             raise ConfigError(f"unknown consensus.on_budget '{self.on_budget}'; choose one of: {', '.join(ON_BUDGET)}")
         if not 0 <= self.ema < 1:
             raise ConfigError(f"consensus.ema must be in [0, 1), got {self.ema}")
+        if self.max_local_steps < 1:
+            raise ConfigError(f"consensus.max_local_steps must be a positive integer, got {self.max_local_steps}")
+        defaults = ConsensusConfig()
+        owned = {"rounds": ("max_extra_rounds", "on_budget"), "frequency": ("max_local_steps",)}
+        for action, keys in owned.items():
+            for key in keys:
+                if action != self.action and getattr(self, key) != getattr(defaults, key):
+                    raise ConfigError(f"consensus.{key} applies to consensus.action {action}, not {self.action}")
+        if frequency and t == "none":
+            raise ConfigError("consensus.action frequency needs consensus.target (constant, gradient or run:DIR)")
         if self.measure not in MEASURES:
             raise ConfigError(f"unknown consensus.measure '{self.measure[:100]}'; choose one of: {', '.join(MEASURES)}")
+        if self.measure != "exact" and self.action != "rounds":
+            raise ConfigError(f"consensus.measure {self.measure[:100]} applies to consensus.action rounds, not {self.action}")
 
     @property
     def reference_run(self) -> str | None:
@@ -171,3 +196,61 @@ class Controller:
         if step.measure:
             metrics["extra_gossip_rounds_if_exact"] = rounds if exact_rounds is None else exact_rounds
         return metrics
+
+
+@dataclass
+class FrequencyControl:
+    """Consensus control by communication frequency: the gossip period H_t (local steps per gossip
+    round) adapts so that Ξ stays under the target, within [1, ``max_local_steps``].
+
+    At every gossip round of a controlled phase, just before the round — when Ξ is at its largest
+    of the period, after H_t local steps — Ξ is probed (an all-reduce of d values, measurement
+    traffic) and compared with target_t; the next period is
+
+        H ← max(1, ⌊H / 2⌋)                 if Ξ > target                 (too far apart: halve),
+        H ← min(max_local_steps, H + 1)      if Ξ² ≤ target² · H / (H + 1)  (room for one more step),
+        H unchanged                          otherwise.
+
+    Additive increase, multiplicative decrease, with a hysteresis band (target·sqrt(H/(H+1)),
+    target] in which H holds. The band is where one more local step would likely overshoot: the
+    stochastic-gradient drift between rounds adds up in squares, so Ξ² grows about linearly with
+    the period, and a period lengthened from Ξ² ≤ target²·H/(H+1) stays under the target
+    (heterogeneous data can grow Ξ faster; an overshoot is then halved at the next round). A
+    steady target does not make H flip between two values. A target of 0 keeps H = 1 (D-SGD, a
+    round every step); an unreachable target lengthens H by one per round up to the maximum.
+
+    Rounds saved are counted against a fixed period H = ``fixed`` (the configured
+    ``local_steps``) over the same controlled steps: ``fixed_since`` is that schedule's count of
+    local steps since its last round (both schedules start counting after an all-reduce).
+    """
+
+    target: Callable[[Step], float]
+    fixed: int
+    max_local_steps: int
+    period: int = field(init=False)  # H_t, from H_0 = fixed
+    fixed_since: int = 0
+
+    def __post_init__(self) -> None:
+        self.period = self.fixed
+
+    def adapt(self, xi_sq: float, target: float) -> None:
+        """The next period, from Ξ² just before the round and the step's target."""
+        if math.sqrt(max(xi_sq, 0.0)) > target:
+            self.period = max(1, self.period // 2)
+        elif xi_sq * (self.period + 1) <= target**2 * self.period:
+            self.period = min(self.max_local_steps, self.period + 1)
+
+    def rounds_saved(self, communicated: bool, controlled: bool) -> int:
+        """Advance the fixed-period schedule by one decentralized step; the rounds this step saved
+        against it (+1: it would have gossiped and we did not, −1: the reverse) if ``controlled``."""
+        self.fixed_since += 1
+        fixed_round = self.fixed_since >= self.fixed
+        if fixed_round:
+            self.fixed_since = 0
+        return int(fixed_round) - int(communicated) if controlled else 0
+
+    def state_dict(self) -> dict:
+        return {"period": self.period, "fixed_since": self.fixed_since}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.period, self.fixed_since = int(state["period"]), int(state["fixed_since"])

@@ -341,13 +341,96 @@ def comparison_table(runs: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_consensus(metrics: dict[str, Path], phase_epochs: list[float], out: Path, title: str) -> None:
-    """Ξ² over training (log scale), one line per run, learning-rate phases marked."""
+AXES = {"steps": ("step", "step"), "epochs": ("epoch", "epoch"), "time": ("sim_seconds", "simulated time (s)")}
+"""``--x`` of compare and plot: the metric-row key it reads and its label."""
+
+
+def read_rows(path: str | Path) -> list[dict]:
+    """The metric rows of a run (its metrics.jsonl), each a JSON object with a step."""
+    file = Path(path) / "metrics.jsonl"
+    if not file.is_file():
+        raise ConfigError(f"'{_short(path)}' holds no metrics.jsonl (not a gossamer run)")
+    rows = []
+    for number, line in enumerate(_text(file, f"'{_short(path)}'").splitlines(), start=1):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not isinstance(row, dict) or "step" not in row:
+            raise ConfigError(f"'{_short(file)}' line {number} is not a metric row: {_short(line)}")
+        rows.append(row)
+    return rows
+
+
+def headline(rows: list[dict]) -> str:
+    """The test metric a run is judged by: accuracy, or the test loss of a language model."""
+    return "test_accuracy" if any("test_accuracy" in r for r in rows) else "test_loss"
+
+
+def _series(name: str, rows: list[dict], x: str, y: str) -> tuple[list[float], list[float]]:
+    """(x, y) of every row that has y; the x key must be in them (sim_seconds: a network run)."""
+    key = AXES[x][0]
+    points = [(r[key], r[y]) for r in rows if isinstance(r.get(y), (int, float)) and key in r]
+    if not points:
+        why = "it was trained without a network section" if x == "time" and not any(key in r for r in rows) \
+            else f"no metric row has {y}"
+        raise ConfigError(f"'{_short(name)}' has no {y} against {x} to show: {why}")
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def axis_table(runs: dict[str, Path], x: str) -> str:
+    """A Markdown table of finished runs along ``x`` (steps, epochs or simulated time): the
+    headline test metric at the end, the run's length, where it first reached its target, and
+    the metric at an equal budget — the shortest run's length (each run's last evaluation at or
+    before it)."""
+    key, unit = AXES[x]
+    summaries = {name: read_summary(path, ("steps",)) for name, path in runs.items()}
+    rows = {name: read_rows(path) for name, path in runs.items()}
+    metric = headline(next(iter(rows.values())))
+    series = {name: _series(name, rows[name], x, metric) for name in runs}
+    budget = min(xs[-1] for xs, _ in series.values())
+    head = ["run", metric, unit, *(["communication"] if x == "time" else []), f"{unit} to target",
+            f"{metric} at {budget:.4g}"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in runs:
+        s, (xs, ys) = summaries[name], series[name]
+        reached = next((r[key] for r in rows[name] if r["step"] == s.get("steps_to_target")), None)
+        at_budget = [y for v, y in zip(xs, ys) if v <= budget]
+        cells = [name, f"{ys[-1]:.4f}", f"{rows[name][-1][key]:.4g}",
+                 *([f"{s['sim_seconds_comm'] / s['sim_seconds']:.0%}"] if x == "time" else []),
+                 "—" if reached is None else f"{reached:.4g}", f"{at_budget[-1]:.4f}" if at_budget else "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_runs(runs: dict[str, Path], x: str, y: str | None, out: Path, title: str = "") -> None:
+    """One PNG: ``y`` (default: the runs' headline test metric) against ``x`` for every run."""
+    rows = {name: read_rows(path) for name, path in runs.items()}
+    y = y or headline(next(iter(rows.values())))
+    series = {name: _series(name, r, x, y) for name, r in rows.items()}  # every run checked before drawing
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, (xs, ys) in series.items():
+        ax.plot(xs, ys, label=name, linewidth=1, marker="." if len(xs) < 50 else None)
+    ax.set(xlabel=AXES[x][1], ylabel=y, title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def _pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_consensus(metrics: dict[str, Path], phase_epochs: list[float], out: Path, title: str) -> None:
+    """Ξ² over training (log scale), one line per run, learning-rate phases marked."""
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, file in metrics.items():
         rows = [json.loads(line) for line in Path(file).read_text().splitlines()]
@@ -357,6 +440,36 @@ def plot_consensus(metrics: dict[str, Path], phase_epochs: list[float], out: Pat
         ax.axvline(epoch, color="grey", linestyle="--", linewidth=0.8)
     ax.set(yscale="log", xlabel="epoch", ylabel="consensus distance Ξ²", title=title)
     ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def plot_tradeoff(summaries: dict[str, list[dict]], out: Path, title: str) -> None:
+    """The test metric of x̄ against communication rounds (log scale) and, where every run measured
+    it, against sharpness: one point per variant, mean ± std over its seeds' summaries."""
+    import statistics
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = [s for group in summaries.values() for s in group]
+    metric = "test_accuracy" if all("test_accuracy" in s for s in runs) else "test_loss"
+    panels = [("comm_rounds", "communication rounds", "log")]
+    if all("sharpness" in s for s in runs):
+        panels.append(("sharpness", "sharpness of x̄ (top Hessian eigenvalue of the training loss)", "linear"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), 4.5), squeeze=False)
+    for ax, (key, label, scale) in zip(axes[0], panels):
+        for name, group in summaries.items():
+            x, y = [s[key] for s in group], [s[metric] for s in group]
+            spread = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in (x, y)]
+            point = statistics.mean(x), statistics.mean(y)
+            ax.errorbar(*point, xerr=spread[0], yerr=spread[1], fmt="o", capsize=3, markersize=4)
+            ax.annotate(name, point, textcoords="offset points", xytext=(4, 3), fontsize=6)
+        ax.set(xscale=scale, xlabel=label, ylabel=f"{metric.replace('_', ' ')} (x̄)")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)

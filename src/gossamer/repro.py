@@ -2,7 +2,12 @@
 
 A suite is a list of variants (config overrides) run for several seeds; it writes every run,
 ``results.md`` (mean ± std over seeds of the test metrics, Ξ² per learning-rate phase,
-communication) and a plot of Ξ² over training with the phases marked.
+communication, and where measured the sharpness of x̄ and the rounds frequency control saved), a
+plot of Ξ² over training with the phases marked and one of the test metric against communication
+(and against sharpness, where measured); ``time-to-accuracy`` instead its tables of simulated time
+to a target accuracy and plots of accuracy against it. Suites: ``ring-scaling``,
+``consensus-phases``, ``decentralized-adam`` (Kong et al.), ``local-sgd`` (Lin et al.),
+``time-to-accuracy`` (both).
 
 Scales: ``cpu`` (the default) runs each suite on a small workload from a base list of overrides
 (MNIST-1D and the 1-D CNN; the character Transformer on the offline ``pydoc-topics`` text for
@@ -27,7 +32,8 @@ from typing import Callable
 import torch
 
 from .config import Config, ConfigError, load_config
-from .report import plot_consensus, read_summary, test_metrics
+from .report import plot_consensus, plot_runs, plot_tradeoff, read_rows, read_summary, test_metrics
+from .train import reached_target
 
 SCALES = ("cpu", "paper")
 PAPER_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "paper"
@@ -40,6 +46,7 @@ class Variant:
     name: str
     overrides: list[str]
     workers: int
+    base_file: str | None = None  # paper scale: this variant's configs/paper file, if not the suite's
 
 
 @dataclass
@@ -50,12 +57,13 @@ class Suite:
     reference: str | None = None  # name of the variant whose run controlled variants follow
     estimate_pairs: list[tuple[str, str]] = field(default_factory=list)  # (exact, estimate) controlled variants
     base_file: str | None = None  # paper scale: the configs/paper file every variant starts from
+    report: Callable | None = None  # (suite, configs, out, seeds) → results.md body, plots written; default: Ξ²
 
     def config(self, v: Variant, seed: int = 0, ref: str = "REF") -> Config:
         """The config of variant ``v`` for one seed (``ref``: the reference run's directory)."""
-        path = None
-        if self.base_file is not None:
-            path = PAPER_CONFIGS / self.base_file
+        path, name = None, v.base_file or self.base_file
+        if name is not None:
+            path = PAPER_CONFIGS / name
             if not path.is_file():
                 raise ConfigError(f"--scale paper reads {path}, which is missing: run from a source checkout of gossamer")
         return load_config(path, [*self.base, f"workers={v.workers}", f"seed={seed}",
@@ -107,7 +115,7 @@ def consensus_phases(scale: str, quick: bool) -> Suite:
         Variant("dec-phase-2", [*gossip, "phases=[allreduce,gossip,allreduce]"], n),
         Variant("dec-phase-3", [*gossip, "phases=[allreduce,allreduce,gossip]"], n),
     ]
-    for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25)):
+    for label, c in (("1", 1.0), ("1/2", 0.5), ("1/4", 0.25), ("1/8", 0.125), ("1/16", 0.0625)):
         suite.variants.append(Variant(
             f"ctrl-phase-1 c={label}",
             [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}",
@@ -116,7 +124,21 @@ def consensus_phases(scale: str, quick: bool) -> Suite:
         exact = next(v for v in suite.variants if v.name == f"ctrl-phase-1 c={label}")
         suite.variants.append(Variant(f"{exact.name} estimate", [*exact.overrides, "consensus.measure=estimate"], n))
         suite.estimate_pairs.append((exact.name, f"{exact.name} estimate"))
+    # control by frequency can only lengthen the gossip period beyond D-SGD's one step: a fraction
+    # c < 1 of D-SGD's own distance would keep H = 1, so these follow c × η_t·sqrt(EMA φ²)/p,
+    # the on-the-fly reading of "c × φ^ema", which lies above the ring's distance
+    suite.variants += [
+        Variant(f"dec-phase-1 H={FREQUENCY_MAX}", [*gossip, f"local_steps={FREQUENCY_MAX}",
+                                                  "phases=[gossip,allreduce,allreduce]"], n),
+        *[Variant(f"freq-phase-1 c={label}", [*gossip, "phases=[controlled,allreduce,allreduce]",
+                                              "consensus.target=gradient", f"consensus.factor={c}",
+                                              "consensus.action=frequency", f"consensus.max_local_steps={FREQUENCY_MAX}"],
+                  n) for label, c in (("1/2", 0.5), ("1/4", 0.25))],
+    ]
     return suite
+
+
+FREQUENCY_MAX = 16  # the longest gossip period of the frequency-controlled variants
 
 
 def decentralized_adam(scale: str, quick: bool) -> Suite:
@@ -169,8 +191,95 @@ def heterogeneous(scale: str, quick: bool) -> Suite:
     return suite
 
 
+def local_sgd(scale: str, quick: bool) -> Suite:
+    """Lin et al.'s generalization study at equal global batch n·B: small-batch SGD (one worker,
+    batch B), large-batch SGD (All-Reduce, n workers), local SGD and post-local SGD (switch at
+    the first decay) with H = 4 and 16, hierarchical local SGD; test accuracy, sharpness of x̄
+    (the top Hessian eigenvalue of the training loss) and communication rounds."""
+    n = 4 if quick else 16
+    if scale == "paper":
+        suite = Suite(f"local-sgd (paper scale): CIFAR-10 ResNet-20, equal global batch n·B, n = {n}",
+                      ["sharpness=true"], base_file="lin2020-cifar10-resnet20-minibatch.yaml")
+    else:
+        suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), "sharpness=true"])
+    block = 2 if quick else 4
+    suite.variants = [
+        Variant("small-batch (1 worker)", ["algorithm=allreduce"], 1),
+        Variant(f"large-batch (All-Reduce, n={n})", ["algorithm=allreduce"], n),
+        *[Variant(f"local H={h}", ["algorithm=local", f"local_steps={h}"], n) for h in (4, 16)],
+        *[Variant(f"post-local H={h}", ["algorithm=post-local", f"local_steps={h}"], n) for h in (4, 16)],
+        Variant(f"hierarchical H=4, H_b=4, blocks of {block}",
+                ["algorithm=hierarchical", "local_steps=4", "block_rounds=4", f"block_size={block}"], n),
+    ]
+    return suite
+
+
+LIN_NETWORKS = ("infiniband-100g", "ethernet-1g")  # the fast and the slow network between nodes
+KONG_NETWORK = "ethernet-1g"
+
+
+LIN_CIFAR = "lin2020-cifar10-resnet20-minibatch.yaml"
+PAPER_TFLOPS = 25  # the assumed sustained rate of one worker's GPU at paper scale (compute_ms=flops:25)
+
+
+def time_to_accuracy(scale: str, quick: bool) -> Suite:
+    """Both papers' time claims: test accuracy and simulated time to a target accuracy.
+
+    Lin et al. (n = 16 as 4 nodes of 4 workers, NVLink inside, a fast and a slow network between
+    them): small- and large-batch mini-batch SGD, local SGD H = 4 and 16, post-local SGD H = 16,
+    hierarchical local SGD. Kong et al. (n = 32, one worker per machine, the slow network):
+    All-Reduce, ring, one-peer exponential, the ring in phase 1 only (dec-phase-1) and phase-1
+    control at c = 1/2 and 1/4, whose reference is dec-phase-1 (its phase 1 is the ring's): the cost
+    of control is its time beyond dec-phase-1's. Measurement is free (count_metrics: false). CPU
+    scale: MNIST-1D, a step computes for ``compute_ms`` = 1 ms (4 ms at the 4× batch). Paper scale:
+    each paper's CIFAR-10 ResNet-20 file (Lin's for Lin's variants, Kong's for Kong's), a step
+    computes for one worker's FLOPs at ``PAPER_TFLOPS`` (an assumption, stated in the results)."""
+    paper = scale == "paper"
+    n_lin, n_kong, per_node = (4, 4, 2) if quick else (16, 32, 4)
+    if paper:
+        base = ["eval_every=5", f"compute_ms=flops:{PAPER_TFLOPS}", "target_accuracy=0.9"]
+        large_batch = ["batch_size=512", "lr=0.8"]  # 4 × B_loc at the same lr per sample
+    else:
+        epochs = 2 if quick else 20
+        base = [*_base(quick, epochs), "eval_every=1", "compute_ms=1", f"target_accuracy={0.1 if quick else 0.55}"]
+        large_batch = ["batch_size=64", "lr=0.01", "compute_ms=4"]
+    lin_file, kong_file = (LIN_CIFAR, KONG_CIFAR) if paper else (None, None)
+    uncontrolled = f"dec-phase-1 n={n_kong}"
+    suite = Suite(f"time-to-accuracy{' (paper scale)' if paper else ''}: Lin et al. (n = {n_lin}) and "
+                  f"Kong et al. (n = {n_kong})", base, reference=uncontrolled)
+    free = ["network.count_metrics=false"]
+    lin = [(f"mini-batch B={128 if paper else 16}", ["algorithm=allreduce"]),
+           (f"mini-batch B={512 if paper else 64}", ["algorithm=allreduce", *large_batch]),
+           ("local H=4", ["algorithm=local", "local_steps=4"]),
+           ("local H=16", ["algorithm=local", "local_steps=16"]),
+           ("post-local H=16", ["algorithm=post-local", "local_steps=16"]),
+           ("hierarchical H=2 H_b=8", ["algorithm=hierarchical", f"block_size={per_node}", "local_steps=2",
+                                       "block_rounds=8"])]
+    lin_rows = {}
+    for net in LIN_NETWORKS:
+        for label, overrides in lin:
+            name = f"{label} on {net}"
+            lin_rows.setdefault(label, []).append(name)
+            suite.variants.append(Variant(name, [*overrides, f"network.preset={net}",
+                                                 f"network.workers_per_node={per_node}", *free], n_lin, lin_file))
+    gossip = ["algorithm=gossip", "topology=ring"]
+    control = ["phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}", "consensus.max_extra_rounds=1000"]
+    kong = [(f"All-Reduce n={n_kong}", ["algorithm=allreduce"]),
+            (f"ring n={n_kong}", gossip),
+            (f"one-peer-exp n={n_kong}", ["algorithm=gossip", "topology=one-peer-exponential"]),
+            (uncontrolled, [*gossip, "phases=[gossip,allreduce,allreduce]"]),
+            (f"ctrl-phase-1 c=1/2 n={n_kong}", [*gossip, *control, "consensus.factor=0.5"]),
+            (f"ctrl-phase-1 c=1/4 n={n_kong}", [*gossip, *control, "consensus.factor=0.25"])]
+    suite.variants += [Variant(name, [*overrides, f"network.preset={KONG_NETWORK}", *free], n_kong, kong_file)
+                       for name, overrides in kong]
+    suite.report = lambda suite, configs, out, seeds: _time_report(lin_rows, [name for name, _ in kong], uncontrolled,
+                                                                   configs, out, seeds)
+    return suite
+
+
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
-                                                   "decentralized-adam": decentralized_adam,
+                                                   "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
+                                                   "time-to-accuracy": time_to_accuracy,
                                                    "heterogeneous": heterogeneous}
 
 
@@ -184,7 +293,7 @@ def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
 
 def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
               overrides: list[str] = (), scale: str = "cpu", dry_run: bool = False) -> Path | None:
-    """Run every variant for every seed into ``out``; write results.md and the Ξ² plot.
+    """Run every variant for every seed into ``out``; write results.md and the suite's plots.
 
     ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant. Every config
     is checked and the estimated work printed before anything trains; ``dry_run`` stops there."""
@@ -202,9 +311,11 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     command = (f"gossamer repro {name} --seeds {seeds}{' --scale paper' if scale == 'paper' else ''}"
                f"{' --quick' if quick else ''}{''.join(' --set ' + o for o in overrides)}")
     results = out / "results.md"
-    results.write_text(_results_table(suite, configs, out, seeds, command))
-    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
-                   configs[suite.variants[0].name].milestones, out / "consensus.png", suite.title)
+    files = sorted({v.base_file or suite.base_file for v in suite.variants} - {None})
+    base = f" on {', '.join(f'`configs/paper/{f}`' for f in files)}" if files else ""
+    head = (f"# {suite.title}\n\nCommand: `{command}`; mean ± std over {seeds} seed(s). "
+            f"Base config{base}: `{' '.join(suite.base)}`.\n\n")
+    results.write_text(head + (suite.report or _consensus_report)(suite, configs, out, seeds))
     return results
 
 
@@ -259,7 +370,7 @@ def sample_flops(cfg: Config, data) -> tuple[int, int]:
 
 
 def _slug(name: str) -> str:
-    return name.replace(" ", "_").replace("=", "").replace("/", "-").replace(",", "")
+    return name.replace(" ", "_").replace("=", "").replace("/", "-").replace(",", "").replace("(", "").replace(")", "")
 
 
 def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
@@ -275,20 +386,29 @@ def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
 
 def _mean_std(values: list[float], fmt: str) -> str:
     std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.format(std)}"
+    return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(std)}"
 
 
-def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, command: str) -> str:
+OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_saved", "gossip rounds saved", "{:.0f}")]
+"""Summary keys shown, as (key, heading, format), where a run of the suite has them ("—": a variant without)."""
+
+
+def _runs(name: str, out: Path, seeds: int) -> list[Path]:
+    return [out / f"{_slug(name)}-seed{s}" for s in range(seeds)]
+
+
+def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str:
+    """The table of the test metrics, mean Ξ² per learning-rate phase, rounds (and the optional
+    columns); the Ξ² plot and the test metric against communication (and sharpness)."""
     boundaries = configs[suite.variants[0].name].milestones
     phases = len(boundaries) + 1
-    summaries = {v.name: [read_summary(out / f"{_slug(v.name)}-seed{s}") for s in range(seeds)] for v in suite.variants}
+    summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
     metrics = test_metrics([s for runs in summaries.values() for s in runs])
+    optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in s for runs in summaries.values() for s in runs)]
     head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics],
-            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "MB/worker", "comm rounds", "extra gossip rounds"]
-    base = f" on `configs/paper/{suite.base_file}`" if suite.base_file else ""
-    lines = [f"# {suite.title}", "",
-             f"Command: `{command}`; mean ± std over {seeds} seed(s). Base config{base}: `{' '.join(suite.base)}`.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "MB/worker", "comm rounds", "extra gossip rounds",
+            *[heading for _, heading, _ in optional]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
         per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in range(seeds)]
         runs = summaries[v.name]
@@ -296,11 +416,16 @@ def _results_table(suite: Suite, configs: dict, out: Path, seeds: int, command: 
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
                  _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
                  _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
-                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}")]
+                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
+                 *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
     if suite.estimate_pairs:
         lines += ["", *_estimate_section(suite, out, seeds)]
-    return "\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n"
+    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
+                   boundaries, out / "consensus.png", suite.title)
+    plot_tradeoff(summaries, out / "tradeoff.png", suite.title)
+    return ("\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n"
+            "![test metric against communication](tradeoff.png)\n")
 
 
 def _estimate_section(suite: Suite, out: Path, seeds: int) -> list[str]:
@@ -329,3 +454,69 @@ def _estimate_section(suite: Suite, out: Path, seeds: int) -> list[str]:
             _mean_std([s["test_accuracy"] for s in summaries[exact]], "{:.4f}"),
             _mean_std([s["test_accuracy"] for s in summaries[estimate]], "{:.4f}")]) + " |")
     return lines
+
+
+def _at_target(runs: list[Path], cfg) -> list[dict | None]:
+    """Per run, its first evaluation row that reaches cfg's target (None where none does): what
+    the loop reports as steps_to_target, for the suite's target whatever the runs were trained with."""
+    return [next((r for r in read_rows(run) if "test_accuracy" in r and reached_target(cfg, r)), None)
+            for run in runs]
+
+
+def _to_target(rows: list[dict | None], key: str, fmt: str) -> str:
+    """Mean ± std of ``key`` (step or sim_seconds) at the target over the seeds that reached it."""
+    reached = [r[key] for r in rows if r is not None]
+    if not reached:
+        return "not reached"
+    cell = _mean_std(reached, fmt)
+    return cell if len(reached) == len(rows) else f"{cell} ({len(reached)} of {len(rows)} seeds)"
+
+
+def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, configs: dict, out: Path,
+                 seeds: int) -> str:
+    """Tables of accuracy and simulated time (to the target, in total, communication) and plots of
+    test accuracy against simulated time (seed 0): Lin et al.'s variants on each network, Kong et
+    al.'s with the cost and the benefit of control against the ``uncontrolled`` variant."""
+    target = configs[kong[0]].target_accuracy
+    names = [*sum(lin.values(), []), *kong]
+    summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for name in names}
+    at_target = {name: _at_target(_runs(name, out, seeds), configs[name]) for name in names}
+    nets = [configs[name].network.preset for name in next(iter(lin.values()))]
+    head = ["variant", "test acc", "steps to target",
+            *[f"{h} on {net}" for net in nets for h in ("s to target", "s total", "comm")]]
+    lines = [f"Target: test accuracy ≥ {target}. Simulated seconds: compute {configs[kong[0]].compute_ms} ms a step "
+             f"plus the α–β time of every operator.", "", "## Lin et al.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, names in lin.items():
+        cells = [label, _mean_std([s["test_accuracy"] for s in summaries[names[0]]], "{:.4f}"),
+                 _to_target(at_target[names[0]], "step", "{:.0f}")]
+        for name in names:
+            runs = summaries[name]
+            cells += [_to_target(at_target[name], "sim_seconds", "{:.3f}"),
+                      _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
+                      f"{statistics.mean(s['sim_seconds_comm'] / s['sim_seconds'] for s in runs):.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    plain = summaries[uncontrolled]
+    head = ["variant", "test acc", "extra gossip rounds", "s to target", "s total", "comm (s)",
+            f"control: cost (s) / benefit (points) vs {uncontrolled}"]
+    lines += ["", f"## Kong et al. (on {configs[kong[0]].network.preset})", "",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in kong:
+        runs = summaries[name]
+        cells = [name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
+                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
+                 _to_target(at_target[name], "sim_seconds", "{:.3f}"),
+                 _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
+                 _mean_std([s["sim_seconds_comm"] for s in runs], "{:.3f}"),
+                 f"{_mean_std([s['sim_seconds'] - r['sim_seconds'] for s, r in zip(runs, plain)], '{:.3f}')} / "
+                 f"{_mean_std([100 * (s['test_accuracy'] - r['test_accuracy']) for s, r in zip(runs, plain)], '{:+.1f}')}"
+                 if getattr(configs[name], "consensus", None) and configs[name].consensus.target != "none" else "—"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    plots = {f"lin-{net}.png": {label: out / f"{_slug(names[i])}-seed0" for label, names in lin.items()}
+             for i, net in enumerate(nets)}
+    plots["kong.png"] = {name: out / f"{_slug(name)}-seed0" for name in kong}
+    for file, runs in plots.items():
+        plot_runs(runs, "time", None, out / file, title=file.removesuffix(".png"))
+        lines.append(f"![test accuracy against simulated time]({file})")
+    return "\n".join(lines) + "\n"

@@ -5,6 +5,8 @@ One step for all workers (:func:`train_step`): per-worker batches → losses and
 of G) → φ² (when measured) → the schedule's ``on_gradients`` → the local optimizer → the
 schedule's ``after_step``. Metrics (loss, Ξ², φ², …) are measured every ``metrics_every`` steps
 and at every evaluation; between them the step takes no host synchronisation of its own.
+With a ``network`` section, a :class:`~gossamer.network.Clock` prices every step (its compute and
+the operators the engine counted) into the simulated time ``sim_seconds``.
 """
 
 from __future__ import annotations
@@ -27,9 +29,11 @@ from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
 from .engines import Engine, build_engine
 from .models import build_model, no_decay_mask
+from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
+from .sharpness import model_sharpness, training_subset
 from .tasks import TASKS, Task
-from .workers import WorkerMatrix
+from .workers import WorkerMatrix, flatten
 
 
 class Diverged(RuntimeError):
@@ -75,6 +79,7 @@ class Run:
     schedule: Schedule
     steps_per_epoch: int
     shards: list | None
+    clock: Clock | None = None  # with a network section: prices each step in simulated seconds
 
 
 @dataclass
@@ -83,6 +88,13 @@ class Progress:
 
     grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
     extra_gossip_rounds: int = 0
+    gossip_rounds_saved: int = 0  # by frequency control, against its fixed period
+    sim_seconds: float = 0.0  # simulated time (with a network): compute + communication
+    sim_seconds_comm: float = 0.0  # ... of which communication not hidden by compute
+    steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
+    sim_seconds_to_target: float | None = None
+    comm_seconds: float = 0.0  # measured by the engine (dist with a network): the algorithm's collectives
+    comm_seconds_metrics: float = 0.0  # ... and the measurement traffic's
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -105,6 +117,9 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     task = TASKS[data.task]
     engine = engine or build_engine(cfg, device)
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+    if cfg.sharpness and (cfg.sharpness_samples or 0) > len(data.y_train):
+        raise ConfigError(f"sharpness_samples ({cfg.sharpness_samples}) must be at most the {len(data.y_train)} "
+                          f"samples of the training set")
     if cfg.partition == "dirichlet" and data.task != "classification":
         raise ConfigError(f"partition 'dirichlet' splits classes among workers; dataset '{cfg.dataset}' is a "
                           f"{data.task} task: use partition: iid")
@@ -121,7 +136,34 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
                       reference, total_steps=cfg.epochs * steps)
     schedule = build_schedule(cfg, context)
-    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards)
+    _check_target(cfg, task)
+    clock = build_clock(cfg, model, data, task.loss, device)
+    if clock is not None:
+        engine.comm.record()
+    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock)
+
+
+TARGETS = {"target_accuracy": "test_accuracy", "target_loss": "test_loss"}  # config key → metric it targets
+
+
+def _check_target(cfg: Config, task: Task) -> None:
+    for key, metric in TARGETS.items():
+        if getattr(cfg, key) is not None and task.metric != metric:
+            other = next(k for k, m in TARGETS.items() if m == task.metric)
+            raise ConfigError(f"{key} does not apply to the {task.name} task of dataset {cfg.dataset} (its "
+                              f"evaluations report {task.metric}): use {other}")
+
+
+def _has_target(cfg: Config) -> bool:
+    return cfg.target_accuracy is not None or cfg.target_loss is not None
+
+
+def reached_target(cfg: Config, row: dict) -> bool:
+    """Whether an evaluation row meets the run's target (test accuracy ≥ target_accuracy, or
+    test loss ≤ target_loss); False without a target."""
+    if cfg.target_accuracy is not None:
+        return row["test_accuracy"] >= cfg.target_accuracy
+    return cfg.target_loss is not None and row["test_loss"] <= cfg.target_loss
 
 
 def _check_memory(m: int, d: int, dtype: torch.dtype, device: torch.device) -> None:
@@ -191,12 +233,21 @@ def averaged_model(run: Run, t: int) -> torch.nn.Module:
 def evaluate(run: Run, t: int) -> dict[str, float]:
     """The task's test metrics of the averaged model x̄ (statistics per ``bn_eval``, see
     :func:`averaged_model`), and their mean over the local models (``*_local_mean``, each with its
-    own statistics)."""
-    w, e, d = run.workers, run.engine, run.data
-    metrics = run.task.evaluate(averaged_model(run, t), d.x_test, d.y_test)
+    own statistics); with ``sharpness``, the top Hessian eigenvalue of the training loss at x̄ (with
+    the same statistics) before step t."""
+    w, e, d, cfg = run.workers, run.engine, run.data, run.cfg
+    model = averaged_model(run, t)
+    metrics = run.task.evaluate(model, d.x_test, d.y_test)
+    if cfg.sharpness:  # before the local models rebind the template
+        x_bar, b_bar = flatten(model)
+        subset = training_subset(len(d.y_train), cfg.sharpness_samples, cfg.seed).to(d.y_train.device)
+        sharpness = model_sharpness(w, x_bar, b_bar, d.x_train[subset], d.y_train[subset], cfg.sharpness_iterations,
+                                    seed=_batch_seed(cfg.seed, t + 1))  # the start vector: by the steps done
     local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in range(w.m)]
     for key in list(metrics):
         metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local], dtype=torch.float64))
+    if cfg.sharpness:
+        metrics["sharpness"] = sharpness
     return metrics
 
 
@@ -205,7 +256,8 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     """One step of every worker on its batch (x [m, b, ...], y [m, b, ...]). Returns the step's
     metric row when ``measure`` (else only what the schedule reports)."""
     w, e, cfg = run.workers, run.engine, run.cfg
-    losses = w.loss_and_grad(x, y)
+    timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
+    losses = timed(w.loss_and_grad, x, y)
     phi_sq = None
     if measure:
         phi_sq = e.mean_scalar(w.G.square().sum(1))  # φ_t² = (1/n) Σ_i ‖g_i‖², before any averaging
@@ -213,9 +265,10 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
         progress.grad_norm_sq_ema = phi_sq if ema is None else beta * ema + (1 - beta) * phi_sq
     step = Step(t, lr, phi_sq or 0.0, progress.grad_norm_sq_ema or 0.0, measure)
     run.schedule.on_gradients(e, w.X, w.G, step)
-    run.optimizer.step(w.X, w.G, lr)
+    timed(run.optimizer.step, w.X, w.G, lr)
     metrics = run.schedule.after_step(e, w.X, step)
     progress.extra_gossip_rounds += metrics.get("extra_gossip_rounds", 0)
+    progress.gossip_rounds_saved += metrics.get("gossip_rounds_saved", 0)
     if not measure:
         return metrics
     loss = e.mean_scalar(losses)
@@ -268,7 +321,15 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
             bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
                             xi2=f"{row['consensus_distance_sq']:.2e}")
+        _advance_clocks(run, state, t)
+        if evaluating and state.steps_to_target is None and reached_target(cfg, row):
+            state.steps_to_target = t + 1
+            state.sim_seconds_to_target = state.sim_seconds if run.clock is not None else None
         if measure:
+            if run.clock is not None:
+                row["sim_seconds"] = state.sim_seconds
+            if e.timed:
+                row["comm_seconds"] = state.comm_seconds
             on_row(row)
         stopping = stop()
         if stopping or (t + 1) % every == 0 or t + 1 == total:
@@ -279,18 +340,48 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             bar.close()
             raise Interrupted(t + 1)
     bar.close()
-    final = {k: v for k, v in row.items() if k.startswith("test_")}
+    final = {k: v for k, v in row.items() if k.startswith("test_") or k == "sharpness"}
+    frequency = getattr(cfg, "consensus", None) and cfg.consensus.action == "frequency"
     return {
         **final,
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
         **e.comm.summary(),
         "extra_gossip_rounds": state.extra_gossip_rounds,
+        **({"gossip_rounds_saved": state.gossip_rounds_saved} if frequency else {}),
         "steps": cfg.epochs * S,
         "parameters": w.d,
         **({"bn_eval": cfg.bn_eval} if cfg.bn_eval else {}),
+        **_time_summary(run, state),
         "wall_seconds": time.perf_counter() - start,
     }
+
+
+def _advance_clocks(run: Run, state: Progress, t: int) -> None:
+    """Add step t to the simulated time (the operators the engine counted in it, evaluation
+    included) and to the communication time the engine measured."""
+    if run.clock is not None:
+        step, comm = run.clock.tick(run.engine.comm.take(), run.schedule.averages_gradients(t), run.engine.m)
+        state.sim_seconds += step
+        state.sim_seconds_comm += comm
+    if run.engine.timed:
+        algorithm, metrics = run.engine.take_comm_seconds()
+        state.comm_seconds += algorithm
+        state.comm_seconds_metrics += metrics
+
+
+def _time_summary(run: Run, state: Progress) -> dict:
+    """summary.json's time keys: none without a network section or a target."""
+    cfg, out = run.cfg, {}
+    if run.clock is not None:
+        out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm)
+    if _has_target(cfg):
+        out["steps_to_target"] = state.steps_to_target
+        if run.clock is not None:
+            out["sim_seconds_to_target"] = state.sim_seconds_to_target
+    if run.engine.timed:
+        out.update(comm_seconds=state.comm_seconds, comm_seconds_metrics=state.comm_seconds_metrics)
+    return out
 
 
 def _batch_seed(seed: int, t: int) -> int:

@@ -44,7 +44,7 @@ def _sim(cfg, device: torch.device) -> Engine:
 def _dist(cfg, device: torch.device) -> Engine:
     from .dist import DistEngine
 
-    return DistEngine(cfg.workers, cfg.dist_backend, cfg.dist_timeout, device)
+    return DistEngine(cfg.workers, cfg.dist_backend, cfg.dist_timeout, device, timed=cfg.network is not None)
 
 
 def build_engine(cfg, device: torch.device) -> Engine:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from ..topology import Mixing
-from .stats import BYTES_PER_VALUE, CommStats, allreduce_bytes
+from .stats import BYTES_PER_VALUE, METRICS, CommStats
 
 
 def mix_rows(source: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -62,6 +62,7 @@ class Engine:
     """The worker rows held here (``rows``, of ``n``) and the communication operators over them."""
 
     is_root = True  # the process that writes the run directory
+    timed = False  # whether the engine measures its communication time (take_comm_seconds)
 
     def __init__(self, n: int, rows: range):
         self.n, self.rows = n, rows
@@ -92,7 +93,7 @@ class Engine:
         mixed = self._mixed(X, mixing)
         change = (mixed - X).square().sum(1) if measure else None
         X.copy_(mixed)
-        self.comm.gossip(X.shape[1], mixing.messages_per_worker)
+        self.comm.gossip(X.shape[1], mixing)
         return change
 
     def exchange(self, payload: torch.Tensor, mixing: Mixing, nbytes: int) -> torch.Tensor:
@@ -101,7 +102,7 @@ class Engine:
         workers in its slots, [m, K, ...] (slot k: worker ``mixing.index[k, i]``; slot 0: i's own).
         Counted as a gossip round of ``nbytes`` to each peer."""
         received = self._exchange(payload, mixing)
-        self.comm.exchange(nbytes, mixing.messages_per_worker)
+        self.comm.exchange(nbytes, mixing)
         return received
 
     def all_gather(self, payload: torch.Tensor, block_size: int | None = None) -> Gathered:
@@ -116,12 +117,12 @@ class Engine:
 
     def mean_row(self, X: torch.Tensor) -> torch.Tensor:
         """x̄ = (1/n) Σ_i x_i over all workers, without changing X: an all-reduce of d values."""
-        self.comm.metrics(allreduce_bytes(X.shape[1], self.n))
+        self.comm.allreduce(X.shape[1], self.n, level=METRICS)
         return self._row_mean(X)
 
     def mean_scalar(self, values: torch.Tensor) -> float:
         """Mean over all n workers of a per-worker scalar (local values [m]), in worker order."""
-        self.comm.metrics((self.n - 1) * BYTES_PER_VALUE)
+        self.comm.allgather(BYTES_PER_VALUE, self.n, level=METRICS)
         return self._gather_scalars(values).mean().item()
 
     def consensus_distance_sq(self, X: torch.Tensor) -> float:
@@ -140,6 +141,11 @@ class Engine:
         """Whether any worker of any process raised its flag (local bools [m]): every process
         gets the same answer, so all stop, or checkpoint, at the same step."""
         return bool(self._any(flags.any().reshape(1)))
+
+    def take_comm_seconds(self) -> tuple[float, float]:
+        """Wall seconds this process waited on the network since the last call: (the algorithm's
+        operators, measurement). Only engines that move data over a network measure (``timed``)."""
+        raise NotImplementedError
 
     def gather_state(self, state):
         """A state with every tensor under a ``rows`` key (one row per local worker) gathered to

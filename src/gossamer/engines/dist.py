@@ -17,6 +17,10 @@ counts and metrics of :class:`~gossamer.engines.base.Engine` are the simulator's
 - x̄ and scalar means: an all-reduce of the row sum and an all-gather of one scalar per worker,
   averaged in global worker order (as the simulator does).
 
+With ``timed``, the wall time spent in the collectives of the algorithm's operators and of
+measurement is kept apart (:meth:`take_comm_seconds`): the communication a real network took,
+next to what the time model of :mod:`gossamer.network` predicts. Bookkeeping is not timed.
+
 Failures (:mod:`gossamer.engines.failures`): every collective waits at most ``timeout`` seconds;
 a lost peer raises :class:`PeerLost` with one line naming it.
 """
@@ -24,6 +28,7 @@ a lost peer raises :class:`PeerLost` with one line naming it.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -71,10 +76,11 @@ class DistEngine(Engine):
     environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) with ``backend`` and ``timeout``;
     :meth:`close` destroys only a group it created. ``group``: the processes that hold the n
     workers (default: all); ranks here (``rank``, ``world``, peers) are ranks in that group.
+    ``timed``: measure the wall time of the counted collectives (:meth:`take_comm_seconds`).
     """
 
     def __init__(self, n: int, backend: str = "auto", timeout: float = 60.0, device: torch.device | str = "cpu",
-                 group=None):
+                 group=None, timed: bool = False):
         if group is not None and dist.get_rank(group) < 0:
             raise ValueError(f"this process (rank {dist.get_rank()}) is not a member of the given group")
         world = env_world_size(group)
@@ -111,6 +117,8 @@ class DistEngine(Engine):
         self.sent = WireStats()  # what this process actually sent point to point
         self._block_plans: dict[int, list] = {}
         self._broken = False
+        self.timed = timed
+        self._seconds = {"algorithm": 0.0, "metrics": 0.0}
         self._watch = Watchdog(self.rank, self.world, self._beat_interval, self._window)
 
     # ------------------------------------------------------------------ primitives
@@ -122,7 +130,7 @@ class DistEngine(Engine):
                 part.copy_(part.mean(0, keepdim=True).expand_as(part))
             else:
                 total = part.sum(0)
-                self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True))
+                self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True), timed="algorithm")
                 part.copy_((total / size).expand_as(part))
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
@@ -145,7 +153,7 @@ class DistEngine(Engine):
         ops += [dist.P2POp(dist.irecv, buf, self._global(peer), self.group) for (peer, _), buf in zip(recv, received)]
         if ops:
             self._run("gossip exchange", lambda: dist.batch_isend_irecv(ops),
-                      peers=sorted({p for p, _ in send} | {p for p, _ in recv}))
+                      peers=sorted({p for p, _ in send} | {p for p, _ in recv}), timed="algorithm")
         self.sent.messages += len(outgoing)
         self.sent.values += sum(b.numel() for b in outgoing)
         self.sent.bytes += sum(b.numel() * b.element_size() for b in outgoing)
@@ -162,25 +170,26 @@ class DistEngine(Engine):
             mine = torch.zeros(max(counts), payload.shape[1], dtype=payload.dtype, device=payload.device)
             mine[: local.stop - local.start] = payload[local]
             parts = [torch.empty_like(mine) for _ in counts]
-            self._run("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True))
+            self._run("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True), timed="algorithm")
             messages.append(torch.cat([p[:c] for p, c in zip(parts, counts)]))
         return Gathered(torch.stack(messages), row_group)
 
     def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
         total = X.sum(0)
         if total.numel():
-            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True))
+            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True), timed="metrics")
         return total / self.n
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
-        return self.gather_rows(values.to(self.device), everywhere=True)
+        return self.gather_rows(values.to(self.device), everywhere=True, timed="metrics")
 
-    def gather_rows(self, T: torch.Tensor, everywhere: bool = False) -> torch.Tensor | None:
-        """The full [n, ...] tensor of a local [m, ...] one, in worker order: on rank 0 (or every rank)."""
+    def gather_rows(self, T: torch.Tensor, everywhere: bool = False, timed: str | None = None) -> torch.Tensor | None:
+        """The full [n, ...] tensor of a local [m, ...] one, in worker order: on rank 0 (or every
+        rank; ``timed`` as in :meth:`_run`)."""
         T = T.contiguous()
         parts = [torch.empty_like(T) for _ in range(self.world)]
         if everywhere:
-            self._run("all-gather", lambda: dist.all_gather(parts, T, group=self.group, async_op=True))
+            self._run("all-gather", lambda: dist.all_gather(parts, T, group=self.group, async_op=True), timed=timed)
             return torch.cat(parts)
         gather_list = parts if self.rank == 0 else None
         self._run("gather", lambda: dist.gather(T, gather_list, dst=self._global(0), group=self.group,
@@ -229,20 +238,38 @@ class DistEngine(Engine):
 
     # ------------------------------------------------------------------ internals
 
-    def _run(self, what: str, start, peers: list[int] | None = None) -> None:
-        """Start a communication op and wait for it at most the op timeout; failures → PeerLost."""
+    def take_comm_seconds(self) -> tuple[float, float]:
+        seconds = (self._seconds["algorithm"], self._seconds["metrics"])
+        self._seconds = dict.fromkeys(self._seconds, 0.0)
+        return seconds
+
+    def _run(self, what: str, start, peers: list[int] | None = None, timed: str | None = None) -> None:
+        """Start a communication op and wait for it at most the op timeout; failures → PeerLost.
+        ``timed`` ("algorithm" or "metrics"): add its wall time there when the engine is timed."""
         self._watch.ops += 1
+        clock = self.timed and timed is not None
         try:
+            if clock:
+                self._sync()
+                began = time.perf_counter()
             work = start()
             works = work if isinstance(work, list) else [work] if work is not None else []
             for w in works:
                 w.wait(self._op_timeout)
+            if clock:
+                self._sync()
+                self._seconds[timed] += time.perf_counter() - began
         except PeerLost:
             raise
         except RuntimeError as e:  # DistBackendError, timeouts, closed connections
             if os.environ.get("GOSSAMER_DEBUG"):
                 raise
             raise self.lost(f"{what} failed", peers) from e
+
+    def _sync(self) -> None:
+        """Wait for the device's queued work (CUDA ops are asynchronous), so a timer measures the op."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _global(self, rank: int) -> int:
         """The default group's rank of this group's ``rank``."""

@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 BYTES_PER_VALUE = 4  # float32 on the wire (float64 runs are counted as float32 too)
 LEVELS = ("global", "block", "gossip")  # all-reduce of all workers, inside blocks, gossip rounds
+METRICS = "metrics"  # the level of measurement traffic, counted apart
+
+
+@dataclass(frozen=True)
+class Event:
+    """One operator as the network carries it (what :mod:`gossamer.network` prices).
+
+    ``op``: ``allreduce`` (of a vector of ``nbytes``), ``allgather`` (one ``nbytes`` message per
+    member) or ``gossip`` (every worker's ``nbytes`` model to the workers that mix it in, as
+    ``mixing`` says); ``group``: the workers taking part, consecutive and aligned to a multiple
+    of ``group`` (all n, or a block); ``level``: one of :data:`LEVELS`, or ``metrics``."""
+
+    op: str
+    group: int
+    nbytes: float
+    level: str
+    mixing: Any = None
 
 
 @dataclass
@@ -22,6 +40,9 @@ class CommStats:
     their split by level) is kept apart from measurement traffic (``bytes_per_worker_metrics``:
     x̄ and Ξ², scalar means for the metric rows, the probes of consensus control), which a
     deployment that does not measure would not pay.
+
+    After :meth:`record`, every operator is also kept as an :class:`Event` until :meth:`take`
+    (the simulated clock prices them step by step); events are not state.
     """
 
     rounds: int = 0
@@ -31,34 +52,52 @@ class CommStats:
     bytes_by_level: dict[str, float] = field(default_factory=lambda: dict.fromkeys(LEVELS, 0.0))
     bytes_per_worker_metrics: float = 0.0
 
-    def _add(self, level: str, messages: float, nbytes: float) -> None:
+    def __post_init__(self) -> None:
+        self.events: list[Event] | None = None  # not a field: never in the state
+
+    def record(self) -> None:
+        """Keep every operator from now on as an :class:`Event`."""
+        self.events = []
+
+    def take(self) -> list[Event]:
+        """The events since the last call (none unless recording)."""
+        taken = self.events or []
+        if self.events is not None:
+            self.events = []
+        return taken
+
+    def _add(self, event: Event, messages: float, nbytes: float) -> None:
+        if self.events is not None:
+            self.events.append(event)
+        if event.level == METRICS:
+            self.bytes_per_worker_metrics += nbytes
+            return
         self.rounds += 1
         self.messages_per_worker += messages
         self.bytes_per_worker += nbytes
-        self.rounds_by_level[level] += 1
-        self.bytes_by_level[level] += nbytes
+        self.rounds_by_level[event.level] += 1
+        self.bytes_by_level[event.level] += nbytes
 
     def allreduce(self, d: int, n: int, level: str = "global") -> None:
         """A ring all-reduce of d values among n workers."""
-        self._add(level, 2 * (n - 1), allreduce_bytes(d, n))
+        self._add(Event("allreduce", n, d * BYTES_PER_VALUE, level), 2 * (n - 1), allreduce_bytes(d, n))
 
     def allgather(self, nbytes: int, n: int, level: str = "global") -> None:
         """A ring all-gather of one ``nbytes`` message per worker among n workers (compressed
         messages cannot be summed on the way, so every worker receives every message)."""
-        self._add(level, n - 1, (n - 1) * nbytes)
+        self._add(Event("allgather", n, nbytes, level), n - 1, (n - 1) * nbytes)
 
-    def gossip(self, d: int, peers_per_worker: float) -> None:
-        """d values to each of the peers that use this worker's model."""
-        self._add("gossip", peers_per_worker, peers_per_worker * d * BYTES_PER_VALUE)
+    def gossip(self, d: int, mixing) -> None:
+        """d values to each of the peers that use this worker's model (``mixing``: the round's W)."""
+        peers = mixing.messages_per_worker
+        self._add(Event("gossip", mixing.n, d * BYTES_PER_VALUE, "gossip", mixing), peers,
+                  peers * d * BYTES_PER_VALUE)
 
-    def exchange(self, nbytes: int, peers_per_worker: float) -> None:
-        """A message of ``nbytes`` to each of the peers that keep a copy of this worker's (a
-        gossip round of compressed messages)."""
-        self._add("gossip", peers_per_worker, peers_per_worker * nbytes)
-
-    def metrics(self, nbytes: float) -> None:
-        """Measurement traffic: never part of the algorithm's counts."""
-        self.bytes_per_worker_metrics += nbytes
+    def exchange(self, nbytes: int, mixing) -> None:
+        """A message of ``nbytes`` to each of the peers that keep a copy of this worker's, as
+        ``mixing``'s slots say (a gossip round of compressed messages)."""
+        peers = mixing.messages_per_worker
+        self._add(Event("gossip", mixing.n, nbytes, "gossip", mixing), peers, peers * nbytes)
 
     def summary(self) -> dict:
         """The counts as summary.json keys."""

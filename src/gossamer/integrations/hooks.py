@@ -315,22 +315,25 @@ class LocalSGD(Synchronizer):
 
 
 class Gossip(Synchronizer):
-    """D-SGD (Kong et al.): after every step, x_i ← Σ_j w_ij x_j with the graph neighbours.
+    """D-SGD (Kong et al.): after every step (every ``local_steps``-th step: local decentralized
+    SGD), x_i ← Σ_j w_ij x_j with the graph neighbours.
 
     ``topology``: any ``gossamer topology`` name (time-varying ones advance per round);
     ``gossip_form``: ``step-then-mix`` or ``mix-then-step``; ``phases`` with ``phase_steps``
     (e.g. ``["controlled", "allreduce"]``, ``[1000]``); ``consensus``: the CLI's ``consensus.*``
-    keys as a dict (``{"target": "constant", "value": 0.05}``; ``run:DIR`` reads that run's Ξ²).
+    keys as a dict (``{"target": "constant", "value": 0.05}``; ``run:DIR`` reads that run's Ξ²;
+    ``"action": "frequency"`` adapts the gossip period instead of adding rounds).
     A round exchanges only the neighbours' models, one message each (the flat row).
     """
 
     algorithm = "gossip"
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, topology: str = "ring", *,
-                 topology_seed: int = 0, gossip_form: str = "step-then-mix", phases: list[str] = (),
-                 phase_steps: list[int] = (), consensus: dict | None = None, **kwargs):
-        options = {"topology": topology, "topology_seed": topology_seed, "gossip_form": gossip_form,
-                   "phases": list(phases), "phase_steps": list(phase_steps), "consensus": dict(consensus or {})}
+                 local_steps: int = 1, topology_seed: int = 0, gossip_form: str = "step-then-mix",
+                 phases: list[str] = (), phase_steps: list[int] = (), consensus: dict | None = None, **kwargs):
+        options = {"topology": topology, "local_steps": local_steps, "topology_seed": topology_seed,
+                   "gossip_form": gossip_form, "phases": list(phases), "phase_steps": list(phase_steps),
+                   "consensus": dict(consensus or {})}
         reference = None
         target = options["consensus"].get("target", "none")
         if isinstance(target, str) and target.startswith("run:"):
@@ -345,9 +348,9 @@ class Gossip(Synchronizer):
         return schedule
 
     def _estimate(self) -> float:
-        """The bound Ξ ≤ (2/p)Θ of the last gossip round (Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖², what
-        workers compute from the models they received), squared; the base bound (0) after a step
-        that ended with a global average."""
+        """The bound Ξ ≤ (2/p)Θ of the last step's gossip round (Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖²,
+        what workers compute from the models they received), squared; the base bound after a step
+        that ended with a global average or without a round."""
         change, mixing = self.schedule.change, self.schedule.mixing
         if change is None or self.synced:
             return super()._estimate()

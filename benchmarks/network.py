@@ -1,0 +1,247 @@
+"""The time model against a real bandwidth-limited network (docs/benchmarks.md).
+
+    sudo python benchmarks/network.py [--rates 100mbit,1gbit] [--repeat 2] [--json FILE]
+
+Four gloo processes (``engine: dist``, one worker each) train a 1.01 M-parameter MLP on random
+data inside a network namespace whose loopback is rate-limited with ``tc`` (a token bucket,
+``tbf``), for all-reduce SGD, local SGD with H = 8, ring gossip and one-peer exponential gossip.
+Each run reports the communication time the dist engine measured (``comm_seconds``: wall time
+in the algorithm's collectives) and the time the α–β model predicts for the same operators
+(``sim_seconds_comm``, measurement traffic left out on both sides).
+
+All four processes share the one loopback queue of rate R, and in every operator here all
+workers send at once, so the model's per-worker link is β = R / 4. The latency α is calibrated
+first, without a rate limit, from all-reduces of an 11,310-parameter MLP (45 KB, whose bytes
+take microseconds on an unlimited loopback): α = (measured time per all-reduce) / (2 (P − 1)).
+Neither is fitted to the rate-limited runs.
+
+Needs root, ``ip netns`` and ``tc``; where they cannot be used the script says so and exits 0
+without figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+P = 4  # processes, one worker each
+INPUTS = 10_000  # MLP 10,000 → 100 → 100 → 10: 1,011,210 parameters
+CASES = {
+    "all-reduce": (["algorithm=allreduce"], 8),
+    "local SGD H=8": (["algorithm=local", "local_steps=8"], 16),
+    "ring gossip": (["algorithm=gossip", "topology=ring"], 8),
+    "one-peer-exp gossip": (["algorithm=gossip", "topology=one-peer-exponential"], 8),
+}  # name: (overrides, steps)
+BATCH = 4
+
+
+def overrides(case: list[str], steps: int, bandwidth_gbit: float, latency_us: float) -> list[str]:
+    return [f"workers={P}", "engine=dist", "dist_backend=gloo", "model=mlp", f"batch_size={BATCH}", "epochs=1",
+            f"metrics_every={steps}", "momentum=0.9", "lr=0.01", "grad_backend=loop",
+            f"network.bandwidth={bandwidth_gbit}", f"network.latency={latency_us}", "network.count_metrics=false",
+            "compute_ms=1", *case]
+
+
+# ---------------------------------------------------------------- one process (run by each rank)
+
+
+def worker(spec_file: str) -> None:
+    import torch
+
+    from gossamer.config import load_config
+    from gossamer.data import Dataset
+    from gossamer.train import build_run, train
+
+    spec = json.loads(Path(spec_file).read_text())
+    cfg = load_config(None, spec["overrides"])
+    g = torch.Generator().manual_seed(0)
+    n_train = spec["steps"] * P * BATCH
+    data = Dataset(torch.randn(n_train, 1, spec["inputs"], generator=g), torch.randint(0, 10, (n_train,), generator=g),
+                   torch.randn(8, 1, spec["inputs"], generator=g), torch.randint(0, 10, (8,), generator=g), 10)
+    run = build_run(cfg, data=data)
+    summary = train(cfg, run)
+    if run.engine.is_root:
+        Path(spec["out"]).write_text(json.dumps(summary))
+    run.engine.close()
+
+
+# ---------------------------------------------------------------- the namespace and its rate limit
+
+
+def sh(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(args, capture_output=True, text=True)
+
+
+class Namespace:
+    """A network namespace with its loopback up; ``limit(rate)`` puts a token bucket on it."""
+
+    def __init__(self):
+        self.name = f"gossamer-bench-{os.getpid()}"
+
+    def __enter__(self) -> Namespace:
+        for cmd in (["ip", "netns", "add", self.name], ["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"]):
+            r = sh(*cmd)
+            if r.returncode:
+                self.__exit__()
+                raise OSError(f"`{' '.join(cmd)}` failed: {r.stderr.strip() or r.returncode}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        sh("ip", "netns", "del", self.name)
+
+    def limit(self, rate: str | None) -> None:
+        """tbf at ``rate`` (e.g. 100mbit) with a queue deep enough never to drop; None: no limit.
+        The bucket holds at least four of the loopback's 64 KiB packets: tbf drops a packet larger
+        than its bucket, and TCP would then retransmit it forever."""
+        sh("ip", "netns", "exec", self.name, "tc", "qdisc", "del", "dev", "lo", "root")
+        if rate is None:
+            return
+        bits = parse_rate(rate)
+        burst = max(256 * 1024, int(bits / 8 / 1000))  # four loopback packets, or a millisecond of traffic
+        r = sh("ip", "netns", "exec", self.name, "tc", "qdisc", "add", "dev", "lo", "root", "tbf", "rate", rate,
+               "burst", str(burst), "latency", "5s")
+        if r.returncode:
+            raise OSError(f"tc qdisc add ... tbf rate {rate} failed: {r.stderr.strip() or r.returncode}")
+
+    def run(self, spec: dict, timeout: float) -> dict:
+        """The four ranks of one training run inside the namespace; rank 0's summary."""
+        with tempfile.TemporaryDirectory() as tmp:
+            spec_file, out = Path(tmp) / "spec.json", Path(tmp) / "summary.json"
+            spec_file.write_text(json.dumps({**spec, "out": str(out)}))
+            port = free_port()
+            procs = []
+            for rank in range(P):
+                env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(P),
+                       "LOCAL_WORLD_SIZE": str(P), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                       "OMP_NUM_THREADS": "1"}
+                procs.append(subprocess.Popen(["ip", "netns", "exec", self.name, sys.executable, __file__,
+                                               "--worker", str(spec_file)], env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.PIPE, text=True))
+            try:
+                for p in procs:
+                    _, err = p.communicate(timeout=timeout)
+                    if p.returncode:
+                        raise RuntimeError(f"a rank failed ({p.returncode}): {err.strip()[-2000:]}")
+            finally:
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+            return json.loads(out.read_text())
+
+
+def parse_rate(rate: str) -> float:
+    """bits per second of a tc rate such as 100mbit or 1gbit."""
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for unit, factor in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * factor
+    raise ValueError(f"--rates takes values like 100mbit or 1gbit, got {rate}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unavailable() -> str | None:
+    """Why bandwidth limits cannot be set here, or None."""
+    if sys.platform != "linux":
+        return "network namespaces and tc are Linux only"
+    if os.geteuid() != 0:
+        return "creating a network namespace and a qdisc needs root"
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found (iproute2)"
+    return None
+
+
+# ---------------------------------------------------------------- the measurement
+
+
+def calibrate(ns: Namespace, timeout: float) -> float:
+    """α in µs: an unlimited loopback, all-reduces of a 45 KB model (bandwidth negligible)."""
+    steps = 40
+    spec = {"overrides": overrides(["algorithm=allreduce"], steps, 1000.0, 0.0), "steps": steps, "inputs": 1}
+    ns.limit(None)
+    summary = ns.run(spec, timeout)
+    return summary["comm_seconds"] / steps / (2 * (P - 1)) * 1e6
+
+
+def measure(rates: list[str], repeat: int, timeout: float, log=print) -> dict:
+    results = {"rates": {}, "repeat": repeat, "processes": P}
+    with Namespace() as ns:
+        alphas = [calibrate(ns, timeout) for _ in range(repeat)]
+        alpha = statistics.median(alphas)
+        results["latency_us"], results["latency_us_runs"] = alpha, alphas
+        log(f"calibrated α = {alpha:.0f} µs per message (runs: {', '.join(f'{a:.0f}' for a in alphas)})")
+        for rate in rates:
+            ns.limit(rate)
+            beta_gbit = parse_rate(rate) / P / 1e9
+            rows = {}
+            for name, (case, steps) in CASES.items():
+                spec = {"overrides": overrides(case, steps, beta_gbit, alpha), "steps": steps, "inputs": INPUTS}
+                runs = []
+                for _ in range(repeat):
+                    started = time.perf_counter()
+                    s = ns.run(spec, timeout)
+                    runs.append({"model": s["sim_seconds_comm"], "measured": s["comm_seconds"],
+                                 "parameters": s["parameters"], "wall": time.perf_counter() - started})
+                    log(f"{rate:>8} {name:<22} model {runs[-1]['model']:8.3f} s   measured {runs[-1]['measured']:8.3f} s")
+                rows[name] = runs
+            results["rates"][rate] = rows
+    return results
+
+
+def table(results: dict) -> str:
+    lines = [f"α = {results['latency_us']:.0f} µs (calibrated), β = rate / {results['processes']} per worker; "
+             f"{results['repeat']} run(s) per case, measured as median (min–max)", "",
+             "| rate | case | steps | model (s) | measured (s) | model / measured |", "|---|---|---|---|---|---|"]
+    for rate, rows in results["rates"].items():
+        for name, runs in rows.items():
+            model = statistics.median(r["model"] for r in runs)
+            measured = [r["measured"] for r in runs]
+            med = statistics.median(measured)
+            lines.append(f"| {rate} | {name} | {CASES[name][1]} | {model:.3f} | {med:.3f} "
+                         f"({min(measured):.3f}–{max(measured):.3f}) | {model / med:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rates", default="100mbit,1gbit", help="loopback rates, comma-separated (tc syntax)")
+    p.add_argument("--repeat", type=int, default=2, help="runs per case (medians reported)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    p.add_argument("--json", help="also write the raw figures here")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return 0
+    why = unavailable()
+    if why is None:
+        try:
+            results = measure(args.rates.split(","), args.repeat, args.timeout)
+        except OSError as e:
+            why = str(e)
+    if why is not None:
+        print(f"bandwidth limits cannot be set on this machine: {why}; no figures")
+        return 0
+    print()
+    print(table(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

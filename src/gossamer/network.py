@@ -1,0 +1,279 @@
+"""Time: the α–β cost of every communication operator, and the simulated clock of a run.
+
+A link has a latency α (seconds per message) and a bandwidth β (bytes per second); a message of
+b bytes takes α + b/β. A worker sends its messages one after another on its link, and receives
+on the same full-duplex link at the same time, so an operator costs the messages on its
+critical path (m: the bytes of the vector or model, B: one member's message, g: the group):
+
+- ring all-reduce (reduce-scatter, then all-gather):        2(g − 1)·(α + m/(g·β))
+- ring all-gather of one B-byte message per member:          (g − 1)·(α + B/β)
+- a gossip round, every worker's model to each worker that mixes it in:  k·(α + m/β),
+  k the most messages one worker sends or receives in that round (W_t's largest degree).
+
+**Clusters** (``workers_per_node`` w > 1): w consecutive workers share a node, joined by
+intra-node links (α_i, β_i); a node reaches the others through one link (α, β) that its workers
+share. For a group spanning N nodes with at most w_g of its members on one node:
+
+- all-reduce, hierarchically (reduce-scatter inside each node, then an all-reduce across the N
+  nodes of each member's 1/w_g shard — the w_g shards share the node's link —, then all-gather
+  inside): 2(w_g − 1)·(α_i + m/(w_g·β_i)) + 2(N − 1)·(α + m/(N·β));
+- all-gather: across nodes first (w_g rings share the node's link), then inside the node:
+  (N − 1)·(α + w_g·B/β) + (w_g − 1)·(α_i + N·B/β_i);
+- gossip: max(k_i·(α_i + m/β_i), K·(α + m/β)), k_i the most intra-node messages of a worker,
+  K the most messages that cross one node's link in one direction.
+
+With w = 1 (the default) every formula is the flat one above. Every message size is the one the
+engine counted: d float32 values, or the exact bytes of a codec's message.
+
+**A step** costs its compute c plus its communication, one after the other; with ``overlap``,
+a step whose only communication is the gradient all-reduce (``Schedule.averages_gradients``)
+hides up to the backward pass's share of c, 2/3 (backward ≈ twice the forward's FLOPs), as
+DDP overlaps its bucketed all-reduce with backward: c + max(0, comm − 2c/3). Measurement
+traffic (x̄, Ξ², scalar means, control's probes) costs time unless ``count_metrics: false``.
+c is ``compute_ms``: ``measured`` (the simulator's own compute time per step divided by the
+workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's forward and
+backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOPS·10¹²).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .engines.stats import METRICS, Event
+from .registry import ConfigError
+
+BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
+
+
+@dataclass(frozen=True)
+class Preset:
+    bandwidth: float  # Gbit/s per link and direction
+    latency: float  # µs per message
+    what: str
+
+
+PRESETS: dict[str, Preset] = {
+    "nvlink": Preset(2400.0, 2.0, "NVLink 3 (A100 SXM): 300 GB/s per direction"),
+    "infiniband-100g": Preset(100.0, 2.0, "EDR InfiniBand, 100 Gbit/s"),
+    "ethernet-10g": Preset(10.0, 25.0, "10 Gbit/s Ethernet, TCP"),
+    "ethernet-1g": Preset(1.0, 50.0, "1 Gbit/s Ethernet, TCP"),
+    "wan-100m": Preset(0.1, 20_000.0, "100 Mbit/s between data centres, 20 ms one way"),
+}
+INTRA_NODE_DEFAULT = "nvlink"  # intra-node links of a cluster unless given
+
+
+@dataclass(frozen=True)
+class Link:
+    """α (seconds per message) and β (bytes per second)."""
+
+    latency: float
+    bandwidth: float
+
+    @classmethod
+    def of(cls, gbit_per_s: float, microseconds: float) -> Link:
+        return cls(microseconds / 1e6, gbit_per_s * 1e9 / 8)
+
+    def message(self, nbytes: float) -> float:
+        """α + b/β: one message of ``nbytes``."""
+        return self.latency + nbytes / self.bandwidth
+
+
+@dataclass
+class NetworkConfig:
+    """The ``network`` section (or ``network: PRESET``): links, cluster shape, what costs time."""
+
+    preset: str | None = None  # nvlink, infiniband-100g, ethernet-10g, ethernet-1g, wan-100m
+    bandwidth: float | None = None  # Gbit/s per link and direction (default: the preset's)
+    latency: float | None = None  # µs per message (default: the preset's)
+    workers_per_node: int = 1  # consecutive workers sharing a node
+    intra_node_bandwidth: float | None = None  # Gbit/s between workers of a node (default: nvlink's)
+    intra_node_latency: float | None = None  # µs (default: nvlink's)
+    overlap: bool = False  # hide the gradient all-reduce behind the backward pass, as DDP does
+    count_metrics: bool = True  # measurement traffic (x̄, Ξ², scalar means, control's probes) costs time
+
+    def validate(self, cfg) -> None:
+        """Check the values and fill in the preset's (so config.yaml holds the numbers used)."""
+        if self.preset is not None:
+            if self.preset not in PRESETS:
+                raise ConfigError(f"unknown network preset '{_short(self.preset)}'; choose one of: "
+                                  f"{', '.join(PRESETS)} (or give network.bandwidth and network.latency)")
+            preset = PRESETS[self.preset]
+            self.bandwidth = preset.bandwidth if self.bandwidth is None else self.bandwidth
+            self.latency = preset.latency if self.latency is None else self.latency
+        if self.bandwidth is None or self.latency is None:
+            raise ConfigError(f"network needs bandwidth (Gbit/s) and latency (µs), or a preset: "
+                              f"network: {' | '.join(PRESETS)}")
+        if self.workers_per_node < 1 or cfg.workers % self.workers_per_node:
+            raise ConfigError(f"network.workers_per_node must be a positive divisor of workers ({cfg.workers}), "
+                              f"got {self.workers_per_node}")
+        intra = (self.intra_node_bandwidth, self.intra_node_latency)
+        if self.workers_per_node == 1 and intra != (None, None):
+            raise ConfigError("network.intra_node_bandwidth and intra_node_latency apply only with "
+                              "network.workers_per_node > 1")
+        if self.workers_per_node > 1:
+            default = PRESETS[INTRA_NODE_DEFAULT]
+            self.intra_node_bandwidth = default.bandwidth if intra[0] is None else intra[0]
+            self.intra_node_latency = default.latency if intra[1] is None else intra[1]
+        for prefix in ("", "intra_node_"):
+            bandwidth, latency = getattr(self, prefix + "bandwidth"), getattr(self, prefix + "latency")
+            if bandwidth is not None and not bandwidth > 0:
+                raise ConfigError(f"network.{prefix}bandwidth must be > 0 Gbit/s, got {bandwidth}")
+            if latency is not None and not latency >= 0:
+                raise ConfigError(f"network.{prefix}latency must be >= 0 µs, got {latency}")
+
+    @property
+    def link(self) -> Link:
+        return Link.of(self.bandwidth, self.latency)
+
+    @property
+    def intra_link(self) -> Link:
+        return Link.of(self.intra_node_bandwidth, self.intra_node_latency) if self.workers_per_node > 1 else self.link
+
+    def seconds(self, event: Event) -> float:
+        """The time of one operator on this network (the formulas of the module docstring)."""
+        inter, intra, w = self.link, self.intra_link, self.workers_per_node
+        if event.nbytes == 0:  # nothing to send (the buffers of a model without any)
+            return 0.0
+        if event.op == "gossip":
+            k_intra, k_inter = gossip_degrees(event.mixing, w)
+            return max(k_intra * intra.message(event.nbytes), k_inter * inter.message(event.nbytes))
+        nodes, per_node = span(event.group, w)
+        if event.op == "allreduce":
+            return (2 * (per_node - 1) * intra.message(event.nbytes / per_node)
+                    + 2 * (nodes - 1) * inter.message(event.nbytes / nodes))
+        if event.op == "allgather":
+            return (nodes - 1) * inter.message(per_node * event.nbytes) + (per_node - 1) * intra.message(nodes * event.nbytes)
+        raise ValueError(f"no cost for operator '{event.op}'")
+
+
+@lru_cache(maxsize=None)
+def span(group: int, workers_per_node: int) -> tuple[int, int]:
+    """(N, w_g) of groups of ``group`` consecutive workers aligned to multiples of ``group``: the
+    most nodes one group spans and the most members it has on one node (over every group; the
+    placement repeats every lcm(group, workers_per_node) workers)."""
+    nodes, per_node = 1, 1
+    for start in range(0, math.lcm(group, workers_per_node), group):
+        node_of = np.arange(start, start + group) // workers_per_node
+        counts = np.unique(node_of, return_counts=True)[1]
+        nodes, per_node = max(nodes, len(counts)), max(per_node, int(counts.max()))
+    return nodes, per_node
+
+
+def gossip_degrees(mixing, workers_per_node: int) -> tuple[int, int]:
+    """(k_i, K) of a gossip round W: the most messages a worker sends or receives inside its node,
+    and the most that cross one node's link in one direction. Worker j sends its model to i
+    when W[i, j] ≠ 0, i ≠ j. Kept on the Mixing."""
+    def build():
+        rows = np.broadcast_to(np.arange(mixing.n), mixing.index.shape)
+        used = (mixing.weight != 0) & (mixing.index != rows)
+        pairs = np.unique(np.stack([rows[used], mixing.index[used]], 1), axis=0).reshape(-1, 2)
+        receiver, sender = pairs[:, 0], pairs[:, 1]
+        inside = receiver // workers_per_node == sender // workers_per_node
+        n, nodes = mixing.n, mixing.n // workers_per_node
+
+        def most(ids, size) -> int:
+            return int(np.bincount(ids, minlength=size).max()) if len(ids) else 0
+        k_intra = max(most(receiver[inside], n), most(sender[inside], n))
+        k_inter = max(most(receiver[~inside] // workers_per_node, nodes), most(sender[~inside] // workers_per_node, nodes))
+        return k_intra, k_inter
+    return mixing.plan(("network", workers_per_node), build)
+
+
+# ---------------------------------------------------------------- compute time
+
+
+MEASURED = "measured"
+FLOPS = "flops:"
+
+
+def check_compute(value) -> None:
+    """``compute_ms``: ``measured``, a number of milliseconds >= 0, or ``flops:TFLOPS`` (> 0)."""
+    if isinstance(value, str) and value.startswith(FLOPS):
+        try:
+            tflops = float(value[len(FLOPS):])
+        except ValueError:
+            tflops = math.nan
+        if not (tflops > 0 and math.isfinite(tflops)):
+            raise ConfigError(f"compute_ms flops:TFLOPS needs a device throughput > 0 in TFLOPS, got '{_short(value)}'")
+    elif isinstance(value, str):
+        if value != MEASURED:
+            raise ConfigError(f"compute_ms must be measured, a number of milliseconds or flops:TFLOPS, "
+                              f"got '{_short(value)}'")
+    elif not value >= 0:
+        raise ConfigError(f"compute_ms must be >= 0 milliseconds, got {value}")
+
+
+def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss) -> float:
+    """FLOPs of one forward and backward pass of ``model`` on the batch (x, y), counted by
+    ``torch.utils.flop_counter`` (matrix products and convolutions) on a copy of the model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    replica = copy.deepcopy(model)
+    with FlopCounterMode(display=False) as counter:
+        loss(replica(x), y).backward()
+    return float(counter.get_total_flops())
+
+
+@dataclass
+class Clock:
+    """The simulated time of a run: each step's compute, then its communication on ``network``.
+
+    ``step_seconds``: one worker's compute per step (None: measured by :meth:`timed`)."""
+
+    network: NetworkConfig
+    step_seconds: float | None
+    sync: Callable[[], None] = lambda: None  # waits for the device (measured compute on a GPU)
+    _measured: float = field(default=0.0, init=False, repr=False)  # this step's, until tick()
+
+    def timed(self, fn: Callable, *args):
+        """``fn(*args)``, its wall time added to the step's compute when it is measured."""
+        if self.step_seconds is not None:
+            return fn(*args)
+        self.sync()
+        start = time.perf_counter()
+        out = fn(*args)
+        self.sync()
+        self._measured += time.perf_counter() - start
+        return out
+
+    def tick(self, events: list[Event], averages_gradients: bool, workers: int) -> tuple[float, float]:
+        """(seconds of the step, of which communication not hidden by compute): ``events`` are
+        the step's operators, ``workers`` the workers whose compute :meth:`timed` measured."""
+        compute = self.step_seconds if self.step_seconds is not None else self._measured / workers
+        self._measured = 0.0
+        net = self.network
+        algorithm = sum(net.seconds(e) for e in events if e.level != METRICS)
+        metrics = sum(net.seconds(e) for e in events if e.level == METRICS) if net.count_metrics else 0.0
+        hidden = min(algorithm, BACKWARD_SHARE * compute) if net.overlap and averages_gradients else 0.0
+        comm = algorithm - hidden + metrics
+        return compute + comm, comm
+
+
+def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -> Clock | None:
+    """The clock of a run with a ``network`` section (None without one)."""
+    if cfg.network is None:
+        return None
+    value = MEASURED if cfg.compute_ms is None else cfg.compute_ms
+    if value == MEASURED:
+        step = None
+    elif isinstance(value, str):
+        batch = slice(0, cfg.batch_size)
+        flops = step_flops(model, data.x_train[batch], data.y_train[batch], loss)
+        step = flops / (float(value[len(FLOPS):]) * 1e12)
+    else:
+        step = value / 1000
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    return Clock(cfg.network, step, sync)
+
+
+def _short(value) -> str:
+    text = str(value)
+    return text if len(text) <= 100 else text[:97] + "..."
