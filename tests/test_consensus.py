@@ -278,6 +278,8 @@ def test_frequency_control_acts_in_controlled_phases_only():
     (["algorithm=gossip", "consensus.bogus=1"], "unknown config key 'consensus.bogus'"),
     (["algorithm=gossip", "consensus.measure=guess"], "unknown consensus.measure 'guess'"),
     (["algorithm=gossip", "consensus.measure=estimate", "gossip_form=mix-then-step"], "needs gossip_form step-then-mix"),
+    (["algorithm=gossip", "consensus.target=constant", "consensus.value=0.1", "consensus.action=frequency",
+      "consensus.measure=estimate"], "consensus.measure estimate applies to consensus.action rounds, not frequency"),
 ])
 def test_bad_consensus_options(overrides, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):
