@@ -121,7 +121,7 @@ def test_error_feedback_message_plus_new_residual_is_change_plus_old_residual():
         X += torch.randn_like(X)
         change = X - old_ref
         message = codec.decode(codec.encode(change + old_error))
-        sync(engine, X)
+        sync(engine, X, round=0)
         close(message + sync.compressors["global"].residual, change + old_error, tol=1e-12)
         close(X, old_ref + message.mean(0))  # everyone moves by the mean compressed change
 
@@ -233,7 +233,7 @@ def test_local_sgd_with_h4_has_s_over_4_rounds():
 @pytest.mark.parametrize("overrides, fragment", [
     (["algorithm=hierarchical", "block_size=3"], "block_size must divide workers"),
     (["algorithm=gossip", "compression=sign"], "compression does not apply to algorithm 'gossip'"),
-    (["algorithm=local", "compression=zip"], "unknown compression 'zip'; choose one of: sign"),
+    (["algorithm=local", "compression=zip"], "unknown compression 'zip'; choose one of: sign, top-k:F, random-k:F, qsgd:S"),
     (["algorithm=allreduce", "outer_lr=0.5"], "outer_lr does not apply to algorithm 'allreduce': it is an option of algorithm diloco"),
     (["optimizer=adam", "momentum=0.5"], "momentum does not apply to optimizer 'adam'"),
     (["algorithm=post-local"], "post-local needs"),

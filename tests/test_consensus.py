@@ -42,6 +42,60 @@ def test_control_reaches_the_target_with_enough_budget(n, graph, seed, fraction)
     assert metrics["extra_gossip_rounds"] >= 1 and not metrics["control_allreduce"]
 
 
+@settings(max_examples=12, deadline=None)
+@given(n=st.integers(4, 16), graph=st.sampled_from(["ring", "erdos-renyi:0.4", "exponential", "torus"]),
+       seed=st.integers(0, 1000), fraction=st.floats(0.05, 0.9))
+def test_control_from_the_estimate_reaches_the_target_never_in_fewer_rounds_than_exact(n, graph, seed, fraction):
+    """From the same state (after the step's own round), the bound (2/p)Θ ≥ Ξ: control from it
+    meets the target and spends at least the rounds the exact rule spends — which it reports."""
+    if graph == "torus" and n not in (9, 12, 15, 16):
+        return
+    topo = build_topology(graph, n, seed=seed)
+    engine = SimEngine(n)
+    X = torch.randn(n, 30, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    theta_sq = engine.mean_scalar(engine.gossip_(X, topo.mixing(0), measure=True))
+    bound = 2 / topo.mixing(0).p * math.sqrt(theta_sq)
+    target = fraction * math.sqrt(engine.consensus_distance_sq(X))
+    if target < 1e-9:  # one round already averaged exactly (a complete graph)
+        return
+
+    def controlled(measure, Y):
+        rounds = iter(range(1, 10**9))
+        step_round = (lambda: 2 / topo.mixing(0).p * math.sqrt(
+            engine.mean_scalar(engine.gossip_(Y, topo.mixing(next(rounds)), measure=True)))) \
+            if measure == "estimate" else (lambda: engine.gossip_(Y, topo.mixing(next(rounds))))
+        controller = Controller(lambda step: target, 100_000, "continue", measure)
+        return controller.control(engine, Y, Step(0), step_round, bound if measure == "estimate" else None)
+
+    exact, estimate = controlled("exact", X.clone()), controlled("estimate", X)
+    assert math.sqrt(engine.consensus_distance_sq(X)) <= target
+    assert estimate["consensus_distance_bound_after_control"] <= target
+    assert estimate["extra_gossip_rounds"] >= exact["extra_gossip_rounds"]
+    assert estimate["extra_gossip_rounds_if_exact"] == exact["extra_gossip_rounds"]
+
+
+def test_estimate_controlled_training_meets_the_target_and_measures_only_scalars():
+    common = ("algorithm=gossip", "consensus.target=constant", "consensus.value=0.02", "consensus.max_extra_rounds=500")
+    rows, estimate = rows_of(*common, "consensus.measure=estimate")
+    for r in rows:
+        xi = math.sqrt(r["consensus_distance_sq"])
+        assert xi <= r["consensus_distance_bound_after_control"] + 1e-12 <= 0.02 + 1e-12
+        assert r["extra_gossip_rounds"] >= r["extra_gossip_rounds_if_exact"]
+    assert any(r["extra_gossip_rounds"] > r["extra_gossip_rounds_if_exact"] for r in rows)
+    assert estimate["extra_gossip_rounds"] == sum(r["extra_gossip_rounds"] for r in rows) > 0
+    # unmeasured steps: the estimate costs one scalar a round, the exact rule an all-reduce of d values
+    control_bytes = {measure: rows_of(*common, f"consensus.measure={measure}", "metrics_every=12")[1]
+                     ["bytes_per_worker_metrics"] for measure in ("exact", "estimate")}
+    uncontrolled = rows_of("algorithm=gossip", "metrics_every=12")[1]["bytes_per_worker_metrics"]
+    assert control_bytes["estimate"] - uncontrolled < (control_bytes["exact"] - uncontrolled) / 10
+
+
+def test_estimate_control_refuses_rounds_that_do_not_mix():
+    with pytest.raises(ConfigError, match="p > 0.*one-peer-exponential"):
+        build(small_config("algorithm=gossip", "topology=one-peer-exponential", "consensus.target=constant",
+                           "consensus.value=0.1", "consensus.measure=estimate"))
+
+
 def test_exhausted_budget_falls_back_to_allreduce_or_continues():
     n, topo = 16, build_topology("ring", 16)
     for on_budget, zero in (("allreduce", True), ("continue", False)):
@@ -222,6 +276,10 @@ def test_frequency_control_acts_in_controlled_phases_only():
     (["algorithm=gossip", "consensus.target=magic"], "unknown consensus.target"),
     (["algorithm=gossip", "consensus.on_budget=panic"], "unknown consensus.on_budget"),
     (["algorithm=gossip", "consensus.bogus=1"], "unknown config key 'consensus.bogus'"),
+    (["algorithm=gossip", "consensus.measure=guess"], "unknown consensus.measure 'guess'"),
+    (["algorithm=gossip", "consensus.measure=estimate", "gossip_form=mix-then-step"], "needs gossip_form step-then-mix"),
+    (["algorithm=gossip", "consensus.target=constant", "consensus.value=0.1", "consensus.action=frequency",
+      "consensus.measure=estimate"], "consensus.measure estimate applies to consensus.action rounds, not frequency"),
 ])
 def test_bad_consensus_options(overrides, fragment):
     with pytest.raises(ConfigError, match=re.escape(fragment)):

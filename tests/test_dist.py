@@ -45,6 +45,20 @@ PARITY_CASES = [
                           "consensus.target=constant", "consensus.value=0.1", "consensus.action=frequency",
                           "consensus.max_local_steps=6", "sharpness=true", "sharpness_samples=200"]),
     ("diloco", ["algorithm=diloco", "local_steps=3"]),
+    ("local-ef-top-k", ["algorithm=local", "local_steps=2", "compression=ef-top-k:0.1"]),
+    ("post-local-random-k", ["algorithm=post-local", "switch_step=4", "local_steps=2", "compression=random-k:0.2"]),
+    ("hierarchical-qsgd", ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2",
+                           "compression=qsgd:4"]),
+    ("choco-top-k", ["algorithm=choco", "topology=ring", "compression=top-k:0.1", "choco_gamma=0.5"]),
+    ("choco-random-k-one-peer-exponential", ["algorithm=choco", "topology=one-peer-exponential",
+                                             "compression=random-k:0.1", "choco_gamma=0.3"]),
+    ("choco-qsgd", ["algorithm=choco", "topology=ring", "compression=qsgd:4", "choco_gamma=0.3"]),
+    ("sgp-directed-exponential", ["algorithm=sgp", "topology=directed-exponential"]),
+    ("sgp-directed-edges", ["algorithm=sgp", f"topology=edges:{SCRIPTS / 'directed-4.txt'}"]),
+    ("gradient-tracking", ["algorithm=gradient-tracking", "topology=ring"]),
+    ("gossip-quasi-global", ["algorithm=gossip", "momentum_mode=quasi-global"]),
+    ("gossip-controlled-estimate", ["algorithm=gossip", "topology=ring", "consensus.target=constant",
+                                    "consensus.value=0.01", "consensus.measure=estimate"]),
 ]
 
 

@@ -71,6 +71,12 @@ CASES = {
                                    "sharpness=true", "sharpness_samples=200"],
     "diloco": ["algorithm=diloco", "local_steps=5"],
     "adam": ["algorithm=local", "local_steps=2", "optimizer=adam", "lr=0.003"],
+    "choco-random-k": ["algorithm=choco", "topology=one-peer-exponential", "compression=random-k:0.1",
+                       "choco_gamma=0.3", "momentum=0.9"],
+    "sgp-directed": ["algorithm=sgp", f"topology=edges:{Path(__file__).parent / 'dist_scripts' / 'directed-4.txt'}"],
+    "gradient-tracking": ["algorithm=gradient-tracking", "momentum=0.9"],
+    "gossip-quasi-global-estimate": ["algorithm=gossip", "momentum_mode=quasi-global", "momentum=0.9",
+                                     "consensus.target=constant", "consensus.value=0.05", "consensus.measure=estimate"],
     "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
                        "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }

@@ -28,7 +28,9 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     assert plots and all((out / p).stat().st_size > 10_000 for p in plots)
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
     assert main(["repro", suite, "--quick", "--out", str(tmp_path / "other"), "--set", "colour=red"]) == 2
-    cells = [[c.strip() for c in line.strip("| ").split(" | ")] for line in table.splitlines() if line.startswith("| ")]
+    main_table, _, estimates = table.partition("## Control from the local estimate")
+    cells = [[c.strip() for c in line.strip("| ").split(" | ")] for line in main_table.splitlines()
+             if line.startswith("| ")]
     rows = {row[0]: dict(zip(cells[0], row)) for row in cells[1:]}
 
     def mean(variant: str, column: str) -> float:
@@ -37,6 +39,7 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
         assert mean("ctrl-phase-1 c=1/4", "mean Ξ² phase 1") < mean("ring", "mean Ξ² phase 1")
         assert mean("ctrl-phase-1 c=1/4", "extra gossip rounds") > 0
         assert rows["freq-phase-1 c=1/2"]["gossip rounds saved"] != "—" and rows["ring"]["gossip rounds saved"] == "—"
+        assert "| ctrl-phase-1 c=1/4 | " in estimates
     if suite == "local-sgd":  # every run measured the sharpness of x̄; local SGD communicated less
         assert all(mean(v, "sharpness (x̄)") > 0 for v in rows)
         assert mean("local H=16", "comm rounds") < mean("large-batch (All-Reduce, n=4)", "comm rounds")
@@ -44,6 +47,8 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
         assert "test loss (x̄) | test ppl (x̄)" in table and "test acc" not in table
         assert mean("allreduce adam", "mean Ξ² phase 1") < 1e-9  # All-Reduce keeps Ξ² at 0
         assert mean("ring adam, local moments", "mean Ξ² phase 1") > 1e-6
+    if suite == "heterogeneous":  # gradient tracking gossips x and y: twice D-SGD's bytes
+        assert mean("gradient tracking iid", "MB/worker") == pytest.approx(2 * mean("D-SGD iid", "MB/worker"), rel=1e-2)
     if suite == "time-to-accuracy":
         the_network_changes_time_not_training(out, table)
 
@@ -84,6 +89,13 @@ def test_paper_scale_runs_the_shipped_configs(suite, variant):
     shipped = load_config(PAPER_CONFIGS / PAPER_FILES[suite, variant], ["consensus.target=run:REF"]
                           if "control" in PAPER_FILES[suite, variant] else [])
     assert s.config(v).to_dict() == shipped.to_dict()
+
+
+def test_paper_scale_heterogeneous_variants_are_valid_configs():
+    s = build_suite("heterogeneous", "paper")
+    configs = [s.config(v) for v in s.variants]
+    assert {(c.algorithm, c.partition, c.model) for c in configs} >= {("choco", "dirichlet", "resnet20"),
+                                                                       ("gradient-tracking", "iid", "resnet20")}
 
 
 def test_paper_scale_time_to_accuracy_starts_each_paper_from_its_own_file():

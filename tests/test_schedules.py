@@ -22,7 +22,7 @@ class RecordingEngine(SimEngine):
         self.calls, self.t, self.names = [], None, {}
 
     def _log(self, op: str, X: torch.Tensor, *args) -> None:
-        self.calls.append((self.t, op, self.names.get(X.data_ptr(), "other"), *args))
+        self.calls.append((self.t, op, self.names.get(X.data_ptr(), f"{X.shape[1]} columns"), *args))
 
     def allreduce_mean_(self, X):
         self._log("allreduce", X)
@@ -35,6 +35,10 @@ class RecordingEngine(SimEngine):
     def gossip_(self, X, mixing, measure=False):
         self._log("gossip", X)
         return super().gossip_(X, mixing, measure)
+
+    def exchange(self, payload, mixing, nbytes):
+        self.calls.append((self.t, "exchange", nbytes, mixing.index.shape[0]))
+        return super().exchange(payload, mixing, nbytes)
 
     def all_gather(self, payload, block_size=None):
         self.calls.append((self.t, "all_gather", payload.shape[1], block_size))
@@ -127,6 +131,34 @@ def test_frequency_control_lengthens_the_period_by_one_under_an_unreachable_targ
 
 def test_diloco_averages_every_h_steps_for_its_outer_step():
     assert record("algorithm=diloco", "local_steps=5") == [(t, "allreduce", "X") for t in (4, 9, 14, 19)]
+
+
+def test_choco_exchanges_compressed_messages_with_the_union_of_its_neighbours_every_step():
+    calls = record("algorithm=choco", "topology=ring", "compression=top-k:0.01", "choco_gamma=0.5", steps=3)
+    k = sum(-(-n // 100) for n in (125, 25, 1875, 25, 1875, 25, 1250, 10))  # ⌈0.01·numel⌉ of the CNN's 8 tensors
+    assert calls == [(t, "exchange", 8 * k, 3) for t in range(3)]  # 3 slots: self and the two ring neighbours
+    calls = record("algorithm=choco", "topology=one-peer-exponential", steps=3)  # identity codec: d float32
+    assert calls == [(t, "exchange", 4 * 5210, 3) for t in range(3)]  # slots of the period's union: self, +1, +2
+
+
+def test_sgp_gossips_the_model_and_its_push_sum_weight_in_one_message():
+    assert record("algorithm=sgp", "topology=directed-exponential", steps=3) == \
+        [(t, "gossip", "5211 columns") for t in range(3)]
+
+
+def test_gradient_tracking_gossips_model_and_tracker_in_one_message():
+    assert record("algorithm=gradient-tracking", steps=3) == [(t, "gossip", "10420 columns") for t in range(3)]
+
+
+def test_quasi_global_momentum_communicates_as_gossip_does():
+    assert record("algorithm=gossip", "momentum_mode=quasi-global", "momentum=0.9", steps=3) == \
+        [(t, "gossip", "X") for t in range(3)]
+
+
+def test_estimate_control_gossips_extra_rounds_without_probing_the_models():
+    calls = record("algorithm=gossip", "consensus.target=constant", "consensus.value=1e-3",
+                   "consensus.measure=estimate", "consensus.max_extra_rounds=3", steps=2)
+    assert calls == [(t, op, "X") for t in range(2) for op in ["gossip"] * 4 + ["allreduce"]]  # budget spent
 
 
 def test_allreduce_averages_gradients_every_step():

@@ -8,7 +8,7 @@ from gossamer.topology import (
     Mixing,
     Topology,
     TopologyError,
-    _check_doubly_stochastic,
+    _check_stochastic,
     analyse,
     build_topology,
     spectral_gap,
@@ -245,13 +245,15 @@ def test_errors(tmp_path):
         _raises(f"edges:{edges}", 4, "'edges'", *fragments)
 
 
-def test_check_doubly_stochastic():
+def test_check_stochastic():
     swap = np.array([[0, 1], [1, 0]])  # slot 0 self, slot 1 the other worker
-    _check_doubly_stochastic(Mixing(np.arange(3)[None], np.ones((1, 3))), "x")
-    with pytest.raises(TopologyError, match="'x'"):
-        _check_doubly_stochastic(Mixing(swap, np.array([[0.5, 0.6], [0.5, 0.4]])), "x")  # columns 1.1, 0.9
+    assert _check_stochastic(Mixing(np.arange(3)[None], np.ones((1, 3))), "x") is True
+    # W = [[0.5, 0], [0.5, 1]]: worker 0 sends half to 1; columns sum to 1, rows to 0.5 and 1.5
+    assert _check_stochastic(Mixing(swap, np.array([[0.5, 1.0], [0.0, 0.5]])), "x") is False
+    with pytest.raises(TopologyError, match="'x'.*not column stochastic"):
+        _check_stochastic(Mixing(swap, np.array([[0.5, 0.6], [0.5, 0.4]])), "x")  # columns 1.1, 0.9
     with pytest.raises(TopologyError, match="negative"):
-        _check_doubly_stochastic(Mixing(swap, np.array([[1.5, 1.5], [-0.5, -0.5]])), "x")
+        _check_stochastic(Mixing(swap, np.array([[1.5, 1.5], [-0.5, -0.5]])), "x")
 
 
 @pytest.mark.parametrize("spec, n", [("ring", 16), ("exponential", 12), ("one-peer-exponential", 16),
@@ -303,3 +305,60 @@ def test_time_varying_gap_and_analyse():
     assert analyse(ident)["rounds_to_halve"] == float("inf")
     one = build_topology("ring", 1)
     assert spectral_gap(one) == 1.0 and analyse(one)["rounds_to_halve"] == 0.0
+
+
+# ---------------------------------------------------------------- directed graphs and unions
+
+
+@pytest.mark.parametrize("n", [2, 5, 6, 8, 13])
+def test_directed_exponential_sends_half_to_one_peer_at_hop_2_to_the_k(n):
+    topo = build_topology("directed-exponential", n)
+    hops = [1 << k for k in range((n - 1).bit_length())]  # 2^k <= n - 1
+    assert topo.period == len(hops) and topo.doubly_stochastic
+    for t, h in enumerate(hops):
+        expected = 0.5 * np.eye(n)
+        expected[np.arange(n), (np.arange(n) - h) % n] += 0.5  # i receives from i − 2^k
+        np.testing.assert_array_equal(topo.matrix(t), expected)
+        assert topo.mixing(t).messages_per_worker == 1.0
+    assert 0 < spectral_gap(topo) <= 1
+
+
+def test_union_slots_hold_every_neighbour_of_the_period_and_weights_map_into_them():
+    topo = build_topology("one-peer-exponential", 8)
+    union = topo.union
+    assert union.index.shape == (4, 8) and np.array_equal(union.index[0], np.arange(8))
+    assert union.messages_per_worker == 3  # each worker is copied by its 3 in-neighbours of the period
+    for t in range(topo.period):
+        mixing = topo.mixing(t)
+        w = mixing.weights_in(union)
+        dense = np.zeros((8, 8))
+        np.add.at(dense, (np.broadcast_to(np.arange(8), union.index.shape), union.index), w)
+        np.testing.assert_array_equal(dense, mixing.dense())
+    ring = build_topology("ring", 8)
+    assert ring.union is ring.mixing(0) and ring.mixing(0).weights_in(ring.union) is ring.mixing(0).weight
+    with pytest.raises(ValueError, match="outside the given slots"):
+        build_topology("complete", 8).mixing(0).weights_in(ring.union)
+
+
+def test_directed_edges_get_push_sum_weights(tmp_path):
+    f = tmp_path / "directed.txt"
+    f.write_text("0 -> 1\n0->2\n1 2   # undirected: both ways\n2 -> 0\n")
+    topo = build_topology(f"edges:{f}", 3)
+    assert not topo.doubly_stochastic
+    expected = np.array([[1 / 3, 0, 1 / 3],  # W[i, j] = 1 / (1 + outdeg j): 0 sends to 1, 2; 1 to 2; 2 to 0, 1
+                         [1 / 3, 1 / 2, 1 / 3],
+                         [1 / 3, 1 / 2, 1 / 3]])
+    np.testing.assert_allclose(topo.matrix(0), expected, atol=1e-15)
+    assert 0 < spectral_gap(topo) <= 1  # measured against the Perron limit π1ᵀ, not J
+    undirected = tmp_path / "undirected.txt"
+    undirected.write_text("0 1\n1 2\n")
+    assert build_topology(f"edges:{undirected}", 3).doubly_stochastic
+
+
+def test_directed_graphs_must_be_strongly_connected(tmp_path):
+    for name, text, fragment in [("sink", "0 -> 1\n1 -> 2\n0 -> 2\n", "node 2 has no out-edge"),
+                                 ("split", "0 -> 1\n1 -> 0\n2 -> 3\n3 -> 2\n1 -> 2\n", "not strongly connected"),
+                                 ("arrow", "0 => 1\n", "line 1")]:
+        edges = tmp_path / f"{name}.txt"
+        edges.write_text(text)
+        _raises(f"edges:{edges}", 4, "'edges", fragment)

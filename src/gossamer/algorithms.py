@@ -22,7 +22,7 @@ from typing import Protocol
 
 import torch
 
-from .codecs import Compressor, build_compressor, check_spec
+from .codecs import ERROR_FEEDBACK, Compressor, build_compressor, check_spec
 from .consensus import ConsensusConfig, Controller, FrequencyControl, build_target
 from .optim import SGD
 from .registry import ConfigError, Registry
@@ -88,9 +88,10 @@ class ModelSync:
     block reference.
     """
 
-    compression: str = "none"  # none, or a codec spec (sign, ef-sign, ...)
+    compression: str = "none"  # none, or a codec spec (sign, ef-top-k:0.01, ...)
     numels: list[int] = field(default_factory=list)
     shared_state: list[torch.Tensor] = field(default_factory=list)
+    seed: int = 0  # of random codecs' draws
     ref: dict[str, torch.Tensor] = field(default_factory=dict)
     compressors: dict[str, Compressor] = field(default_factory=dict)
 
@@ -98,9 +99,11 @@ class ModelSync:
         """Take X (identical rows) as the reference of every level."""
         if self.compression != "none":
             self.ref = {level: X.clone() for level in levels}
-            self.compressors = {level: build_compressor(self.compression, self.numels, X) for level in levels}
+            self.compressors = {level: build_compressor(self.compression, self.numels, X, self.seed)
+                                for level in levels}
 
-    def __call__(self, engine, X: torch.Tensor, block_size: int | None = None) -> None:
+    def __call__(self, engine, X: torch.Tensor, round: int, block_size: int | None = None) -> None:
+        """Average X at step ``round`` (which numbers random codecs' draws)."""
         level = "block" if block_size else "global"
         exact = (X, *self.shared_state) if self.compression == "none" else self.shared_state
         for rows in exact:
@@ -108,8 +111,8 @@ class ModelSync:
         if self.compression == "none":
             return
         compressor = self.compressors[level]
-        messages = engine.all_gather(compressor.compress(X - self.ref[level]), block_size)
-        X.copy_(self.ref[level].add_(messages.mean(compressor.codec.decode)))
+        messages = engine.all_gather(compressor.compress(X - self.ref[level], round, engine.rows), block_size)
+        X.copy_(self.ref[level].add_(messages.mean(lambda m: compressor.codec.decode(m, round))))
         if level == "global":
             for name, ref in self.ref.items():
                 if name != "global":
@@ -194,9 +197,9 @@ class LocalSGD:
             return {}
         sync_round = local_steps_done // self.local_steps
         if self.block_size and sync_round % self.block_rounds:
-            self.sync(engine, X, self.block_size)
+            self.sync(engine, X, t, self.block_size)
         else:
-            self.sync(engine, X)
+            self.sync(engine, X, t)
         return {}
 
     def state_dict(self) -> dict:
@@ -218,12 +221,19 @@ class Decentralized:
     pre-mixing models. Local decentralized SGD (Koloskova et al. 2020): with a gossip period
     H = ``local_steps``, only every H-th step of a decentralized stretch gossips (W_t = I at the
     others); H = 1 is D-SGD. In a ``controlled`` phase either the controller adds rounds after a
-    step's round until Ξ ≤ target (``consensus.action: rounds``), or ``frequency`` adapts the period
+    step's round until Ξ ≤ target (``consensus.action: rounds``; with ``consensus.measure: estimate``
+    until the bound (2/p)Θ ≤ target), or ``frequency`` adapts the period
     H_t (:class:`~gossamer.consensus.FrequencyControl`). Round r uses W_r (time-varying graphs
     advance per round, extra rounds included). Entering an all-reduce phase from a decentralized
     one averages the models and the ``optimizer_state`` once (else the local momenta would pull
     the models apart again). ``shared_state`` (optimizer state communicated with the parameters)
     is mixed alike.
+
+    Quasi-global momentum (Lin, Kong, Stich, Jaggi, ICML 2021; ``momentum_buffer`` set): in a
+    decentralized step the local SGD step uses m_i = β m̂_i + g_i, and after the step's
+    communication the buffer becomes m̂_i ← μ m̂_i + (1 − μ) (x_i^(t) − x_i^(t+1)) / η_t: the
+    model change, gossip included, instead of the local gradients alone (μ = β, as in the
+    authors' code: factor 1 − μ = 0.1 at β = 0.9).
     """
 
     topology: Topology
@@ -235,11 +245,14 @@ class Decentralized:
     optimizer_state: list[torch.Tensor] = field(default_factory=list)
     local_steps: int = 1  # H: the gossip period when not frequency-controlled
     frequency: FrequencyControl | None = None  # consensus.action frequency: H_t of the controlled phases
+    momentum_buffer: torch.Tensor | None = None  # m̂ of quasi-global momentum (None: local momentum)
+    momentum: float = 0.0  # μ
     rounds: int = 0
     since_round: int = 0  # local steps since the last gossip round (0 after an all-reduce step)
     keep_change: bool = False  # compute each step's change also when the step is not measured
     change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round (None: no round this step)
     mixing: Mixing | None = None  # W of the step's round
+    _before: tuple[torch.Tensor, torch.Tensor] | None = None  # x^(t) and m̂ at the start of the step
     xi_sq_before_round: float | None = None  # frequency control's probe of the step's round
 
     def start(self, engine, X: torch.Tensor) -> None:
@@ -267,11 +280,20 @@ class Decentralized:
         self.mixing = mixing
         return engine.gossip_(X, mixing, measure=measure)
 
+    def _bounded_round(self, engine, X: torch.Tensor) -> float:
+        """One gossip round; the bound (2/p)Θ on Ξ that it gives (one scalar all-reduce)."""
+        change = self._round(engine, X, measure=True)
+        return local_estimate(engine.mean_scalar(change), self.mixing)["consensus_distance_bound"]
+
+    def _estimating(self, k: int) -> bool:
+        """Whether phase k's control decides from the local estimate (so every round measures Θ)."""
+        return self.modes[k] == "controlled" and self.controller is not None and self.controller.measure == "estimate"
+
     def _gossip(self, engine, X: torch.Tensor, step: Step, k: int) -> None:
         """The step's gossip round; under frequency control, Ξ² probed just before it."""
         if self._frequency_controlled(k):
             self.xi_sq_before_round = engine.consensus_distance_sq(X)
-        self.change = self._round(engine, X, measure=step.measure or self.keep_change)
+        self.change = self._round(engine, X, measure=step.measure or self.keep_change or self._estimating(k))
 
     def averages_gradients(self, t: int) -> bool:
         return self.modes[self.phase(t)] == "allreduce"
@@ -280,7 +302,13 @@ class Decentralized:
         k = self.phase(step.t)
         if self.modes[k] == "allreduce":
             engine.allreduce_mean_(G)
-        elif self.form == "mix-then-step" and self._communicates(k):
+            return
+        if self.momentum_buffer is not None:
+            if self._before is None:
+                self._before = (torch.empty_like(X), torch.empty_like(self.momentum_buffer))
+            self._before[0].copy_(X)
+            self._before[1].copy_(self.momentum_buffer)
+        if self.form == "mix-then-step" and self._communicates(k):
             self._gossip(engine, X, step, k)
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
@@ -299,15 +327,25 @@ class Decentralized:
         if communicates:
             if self.form == "step-then-mix":
                 self._gossip(engine, X, step, k)
+            estimating = self._estimating(k)
+            estimate = None
+            if step.measure or estimating:
+                estimate = local_estimate(engine.mean_scalar(self.change), self.mixing)
             if step.measure:
-                metrics.update(local_estimate(engine.mean_scalar(self.change), self.mixing))
+                metrics.update(estimate)
             if self._frequency_controlled(k):
                 metrics["consensus_distance_sq_before_round"] = self.xi_sq_before_round
                 self.frequency.adapt(self.xi_sq_before_round, metrics["consensus_target"])
             elif self.modes[k] == "controlled":
-                metrics.update(self.controller.control(engine, X, step, lambda: self._round(engine, X)))
+                bound = estimate["consensus_distance_bound"] if estimating else None
+                extra_round = (lambda: self._bounded_round(engine, X)) if estimating else (lambda: self._round(engine, X))
+                metrics.update(self.controller.control(engine, X, step, extra_round, bound))
         else:
             self.change = None
+        if self.momentum_buffer is not None:
+            x_before, buffer_before = self._before
+            mu = self.momentum
+            self.momentum_buffer.copy_(buffer_before.mul_(mu).add_(x_before.sub_(X), alpha=(1 - mu) / step.lr))
         self.since_round = 0 if communicates else self.since_round + 1
         ends_here = k < len(self.phase_starts) and step.t + 1 == self.phase_starts[k]
         if ends_here and self.modes[k + 1] == "allreduce":
@@ -332,6 +370,150 @@ def local_estimate(theta_sq: float, mixing: Mixing) -> dict:
     p = mixing.p
     bound = 2 / p * theta_sq**0.5 if p > 0 else None
     return {"theta_sq": theta_sq, "consensus_distance_bound": bound}
+
+
+def gossip_together(engine, mixing: Mixing, *parts: torch.Tensor) -> None:
+    """One gossip round of several row blocks, each worker sending them as one message (their
+    columns side by side): every part ← W part (in place)."""
+    joined = torch.cat(parts, dim=1)
+    engine.gossip_(joined, mixing)
+    for part, mixed in zip(parts, joined.split([p.shape[1] for p in parts], dim=1)):
+        part.copy_(mixed)
+
+
+class PeerSchedule:
+    """What CHOCO-SGD, push-sum and gradient tracking share: their own communication every step
+    (never a gradient average), a round counter ``rounds`` and per-worker rows (:meth:`rows`)."""
+
+    rounds: int
+
+    def rows(self) -> dict[str, torch.Tensor]:
+        """The per-worker tensors carried from step to step (restored in place)."""
+        raise NotImplementedError
+
+    def start(self, engine, X: torch.Tensor) -> None:
+        pass
+
+    def averages_gradients(self, t: int) -> bool:
+        return False
+
+    def state_dict(self) -> dict:
+        return {"rounds": self.rounds, "rows": self.rows()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.rounds = int(state["rounds"])
+        for name, rows in self.rows().items():
+            rows.copy_(state["rows"][name])
+
+
+@dataclass
+class ChocoSGD(PeerSchedule):
+    """CHOCO-SGD (Koloskova, Stich, Jaggi, ICML 2019): decentralized SGD with compressed gossip.
+
+    Worker i keeps public copies x̂_j of itself and of every worker j in its slots of W (its
+    neighbours; for a time-varying graph the union of a period, so that every copy stays
+    current). After the local step x_i^(t+½) = x_i^(t) − η ∂F_i, it sends only
+    q_i = C(x_i^(t+½) − x̂_i) to those who copy it, everyone adds the received q_j to their copy,
+    x̂_j ← x̂_j + q_j, and then x_i^(t+1) = x_i^(t+½) + γ Σ_j w_ij (x̂_j − x̂_i). The error of C is
+    never lost: it stays in x − x̂ and is sent later. The copies start at the common initial
+    model, which every worker knows without communication (the paper starts them at 0, i.e.
+    it runs on x − x_0). With C the identity and γ = 1 this is D-SGD; random codecs are used in
+    their contractive form (see :mod:`gossamer.codecs`).
+    """
+
+    topology: Topology
+    gamma: float
+    compressor: Compressor
+    copies: torch.Tensor  # [m, K, d]: local worker i's x̂ of the workers in its slots (slot 0: itself)
+    rounds: int = 0
+
+    def rows(self) -> dict[str, torch.Tensor]:
+        return {"copies": self.copies}
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        pass
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        mixing, union, r = self.topology.mixing(self.rounds), self.topology.union, self.rounds
+        own = self.copies[:, 0]  # a view: x̂_i after the update below
+        codec = self.compressor.codec
+        received = engine.exchange(self.compressor.compress(X - own, r, engine.rows), union, codec.nbytes())
+        m, K = received.shape[:2]
+        self.copies += codec.decode(received.flatten(0, 1), r).view(m, K, -1)
+        weight = mixing.plan(("slot weights", union, X.dtype, X.device, engine.rows), lambda: torch.tensor(
+            mixing.weights_in(union)[:, engine.rows.start : engine.rows.stop]).to(X).unsqueeze(-1))
+        mixed = self.copies[:, 0] * weight[0]
+        for k in range(1, K):
+            mixed.addcmul_(self.copies[:, k], weight[k])
+        X.add_(mixed.sub_(own), alpha=self.gamma)
+        self.rounds += 1
+        return {}
+
+
+
+@dataclass
+class PushSum(PeerSchedule):
+    """Stochastic Gradient Push (Assran, Loizou, Ballas, Rabbat, ICML 2019): push-sum gossip over
+    column-stochastic, directed and time-varying W_t.
+
+    Worker i holds a numerator x_i and a push-sum weight w_i (w_i = 1 at the start); its model is
+    the de-biased z_i = x_i / w_i, where gradients are taken and what is evaluated (X holds z
+    between steps). A step: x_i ← x_i − η ∂F_i(z_i) (the optimizer's update of z applied to the
+    numerator), then x_i ← Σ_j w_ij x_j and w_i ← Σ_j w_ij w_j (one message (x_j, w_j) per
+    out-neighbour), z_i = x_i / w_i. Σ_i x_i and Σ_i w_i are preserved, so z_i → x̄ on a strongly
+    connected graph whatever the in-degrees. With doubly stochastic W, w stays 1: D-SGD.
+    """
+
+    topology: Topology
+    weight: torch.Tensor  # w_i [m, 1]
+    rounds: int = 0
+    _shift: torch.Tensor | None = None  # (w_i − 1) z_i at the start of the step: x_i = z_i + shift
+
+    def rows(self) -> dict[str, torch.Tensor]:
+        return {"weight": self.weight}
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        self._shift = torch.mul(X, self.weight - 1, out=self._shift)
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        X.add_(self._shift)  # the optimizer moved z by −η u: the numerator is x − η u
+        gossip_together(engine, self.topology.mixing(self.rounds), X, self.weight)
+        self.rounds += 1
+        X.div_(self.weight)
+        return {}
+
+
+
+@dataclass
+class GradientTracking(PeerSchedule):
+    """Decentralized stochastic gradient tracking, DSGT (Pu & Nedić 2021; Koloskova, Lin, Stich 2021).
+
+    Each worker tracks the average gradient with a gossiped vector y_i:
+        x_i^(t+1) = Σ_j w_ij (x_j^(t) − η y_j^(t)),
+        y_i^(t+1) = Σ_j w_ij y_j^(t) + g_i^(t+1) − g_i^(t),   y_i^(0) = g_i^(0),
+    so the local optimizer steps along y_i instead of g_i; Σ_i y_i = Σ_i g_i at every step, and
+    the heterogeneity of the local gradients no longer biases the fixed point. x and y travel in
+    one message per peer: 2d values, twice D-SGD's bytes.
+    """
+
+    topology: Topology
+    tracker: torch.Tensor  # Σ_j w_ij y_j of the last round [m, d] (0 before the first step)
+    previous: torch.Tensor  # g_i of the last step [m, d] (0 before the first step)
+    rounds: int = 0
+
+    def rows(self) -> dict[str, torch.Tensor]:
+        return {"tracker": self.tracker, "previous_gradient": self.previous}
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        self.tracker.add_(G).sub_(self.previous)  # y ← W y + g_new − g_old
+        self.previous.copy_(G)
+        G.copy_(self.tracker)
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        gossip_together(engine, self.topology.mixing(self.rounds), X, self.tracker)
+        self.rounds += 1
+        return {}
+
 
 
 # ---------------------------------------------------------------- DiLoCo
@@ -466,13 +648,24 @@ class HierarchicalOptions(LocalOptions):
 
 GOSSIP_FORMS = ("step-then-mix", "mix-then-step")
 PHASE_MODES = ("allreduce", "gossip", "controlled")
+MOMENTUM_MODES = ("local", "quasi-global")
 
 
 @dataclass
-class GossipOptions:
+class GraphOptions:
+    """The communication graph of a decentralized algorithm."""
+
     topology: str = "ring"
     topology_seed: int | None = None  # None: the run's seed
+
+    def validate(self, cfg) -> None:
+        TOPOLOGIES.parse(self.topology)
+
+
+@dataclass
+class GossipOptions(GraphOptions):
     gossip_form: str = "step-then-mix"
+    momentum_mode: str = "local"  # or quasi-global (Lin, Kong, Stich, Jaggi 2021)
     local_steps: int = 1  # H: local steps per gossip round (1: D-SGD); H_0 under frequency control
     phases: list[str] = field(default_factory=list)  # a mode per phase: allreduce | gossip | controlled
     phase_epochs: list[float] = field(default_factory=list)  # boundaries; [] = the lr milestones
@@ -480,7 +673,7 @@ class GossipOptions:
     consensus: ConsensusConfig = field(default_factory=ConsensusConfig)
 
     def validate(self, cfg) -> None:
-        TOPOLOGIES.parse(self.topology)
+        super().validate(cfg)
         _positive_int(self, "local_steps")
         if self.phase_epochs and self.phase_steps:
             raise ConfigError("give the gossip phase boundaries as phase_epochs or phase_steps, not both")
@@ -489,6 +682,14 @@ class GossipOptions:
                               f"(one mode per phase)")
         if self.gossip_form not in GOSSIP_FORMS:
             raise ConfigError(f"unknown gossip_form '{self.gossip_form}'; choose one of: {', '.join(GOSSIP_FORMS)}")
+        if self.momentum_mode not in MOMENTUM_MODES:
+            raise ConfigError(f"unknown momentum_mode '{self.momentum_mode[:100]}'; choose one of: {', '.join(MOMENTUM_MODES)}")
+        if self.momentum_mode == "quasi-global":
+            if cfg.optimizer != "sgd" or cfg.momentum == 0:
+                raise ConfigError("momentum_mode quasi-global needs optimizer sgd with momentum > 0")
+            if cfg.average_optimizer_state:
+                raise ConfigError("momentum_mode quasi-global sets the momentum buffer from the model change; "
+                                  "it cannot be averaged too: use average_optimizer_state: false")
         self.consensus.validate()
         for mode in self.phases:
             if mode not in PHASE_MODES:
@@ -508,6 +709,37 @@ class GossipOptions:
         if self.consensus.action == "frequency" and self.local_steps > self.consensus.max_local_steps:
             raise ConfigError(f"local_steps (the first gossip period, {self.local_steps}) must be at most "
                               f"consensus.max_local_steps ({self.consensus.max_local_steps})")
+        if self.consensus.measure == "estimate" and self.gossip_form != "step-then-mix":
+            raise ConfigError("consensus.measure estimate bounds Ξ with the round that ends the step: "
+                              "it needs gossip_form step-then-mix")
+
+
+
+@dataclass
+class PeerOptions(GraphOptions):
+    """Options of an algorithm whose only communication is its own (sgp, gradient-tracking, choco)."""
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if cfg.average_optimizer_state:
+            raise ConfigError(f"average_optimizer_state does not apply to algorithm '{cfg.algorithm}': "
+                              f"its optimizer state stays local")
+
+
+@dataclass
+class ChocoOptions(PeerOptions):
+    compression: str = "none"  # a codec: top-k:F, random-k:F, qsgd:S, sign
+    choco_gamma: float = 1.0  # γ, the consensus step size
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if not 0 < self.choco_gamma <= 1:
+            raise ConfigError(f"choco_gamma must be in (0, 1], got {self.choco_gamma}")
+        if self.compression.startswith(ERROR_FEEDBACK):
+            raise ConfigError(f"choco keeps the compression error in its public copies x̂ itself: use compression "
+                              f"{self.compression.removeprefix(ERROR_FEEDBACK)[:100]}, without '{ERROR_FEEDBACK}'")
+        if self.compression != "none":
+            check_spec(self.compression)
 
 
 @dataclass
@@ -560,7 +792,24 @@ def _shared(cfg, ctx: Context) -> list[torch.Tensor]:
 
 
 def _sync(cfg, ctx: Context) -> ModelSync:
-    return ModelSync(cfg.compression, ctx.numels, _shared(cfg, ctx))
+    return ModelSync(cfg.compression, ctx.numels, _shared(cfg, ctx), cfg.seed)
+
+
+def _graph(cfg, directed: bool = False) -> Topology:
+    """The run's topology; a directed one (column- but not doubly stochastic) only if ``directed``."""
+    topology = build_topology(cfg.topology, cfg.workers,
+                              seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
+    if not directed and not topology.doubly_stochastic:
+        raise ConfigError(f"topology '{cfg.topology[:100]}' is directed (its W is column- but not doubly stochastic): "
+                          f"algorithm {cfg.algorithm} needs an undirected one; only algorithm sgp (push-sum) runs on it")
+    return topology
+
+
+def _peer_graph(cfg, ctx: Context, directed: bool = False) -> Topology:
+    """The topology of sgp, gradient-tracking or choco, which communicate nothing but their own state."""
+    if ctx.buffer_rows:
+        raise ConfigError(f"algorithm {cfg.algorithm} keeps buffers local; it cannot average them")
+    return _graph(cfg, directed)
 
 
 @ALGORITHMS.register("allreduce", help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
@@ -590,8 +839,7 @@ def _hierarchical(cfg, ctx: Context) -> LocalSGD:
                      help="D-SGD over a topology (a gossip round every H steps), by phase, with consensus control "
                           "(Kong et al.)")
 def _gossip(cfg, ctx: Context) -> Decentralized:
-    topology = build_topology(cfg.topology, cfg.workers,
-                              seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
+    topology = _graph(cfg)
     modes = gossip_phases(cfg)[0]
     steps = ctx.total_steps
     if ctx.reference is not None and steps is not None and len(ctx.reference) < steps:
@@ -599,14 +847,46 @@ def _gossip(cfg, ctx: Context) -> Decentralized:
                           f"this run needs {steps}")
     controller = frequency = None
     if cfg.consensus.target != "none":
+        if cfg.consensus.measure == "estimate" and any(m.p == 0 for m in topology.mixings):
+            raise ConfigError(f"consensus.measure estimate needs every round of the topology to mix (p > 0); "
+                              f"'{cfg.topology[:100]}' has rounds with p = 0, where Θ bounds nothing")
         p = 1 - (1 - spectral_gap(topology)) ** 2
         target = build_target(cfg.consensus, p, ctx.reference)
         if cfg.consensus.action == "frequency":
             frequency = FrequencyControl(target, cfg.local_steps, cfg.consensus.max_local_steps)
         else:
-            controller = Controller(target, cfg.consensus.max_extra_rounds, cfg.consensus.on_budget)
+            controller = Controller(target, cfg.consensus.max_extra_rounds, cfg.consensus.on_budget,
+                                    cfg.consensus.measure)
+    buffer = None
+    if cfg.momentum_mode == "quasi-global":
+        if not ctx.optimizer_rows:
+            raise ConfigError("momentum_mode quasi-global needs the trainer's SGD momentum buffer")
+        buffer = ctx.optimizer_rows[0]
     return Decentralized(topology, cfg.gossip_form, modes, phase_starts(cfg, ctx), controller, _shared(cfg, ctx),
-                         ctx.optimizer_rows, cfg.local_steps, frequency)
+                         ctx.optimizer_rows, cfg.local_steps, frequency, buffer,
+                         cfg.momentum if buffer is not None else 0.0)
+
+
+@ALGORITHMS.register("choco", options=ChocoOptions,
+                     help="CHOCO-SGD: compressed gossip of x − x̂ with public copies x̂, consensus step γ (Koloskova et al.)")
+def _choco(cfg, ctx: Context) -> ChocoSGD:
+    topology = _peer_graph(cfg, ctx)
+    compressor = build_compressor(cfg.compression, ctx.numels, ctx.X, cfg.seed, contractive=True)
+    copies = ctx.X.unsqueeze(1).repeat(1, topology.union.index.shape[0], 1)
+    return ChocoSGD(topology, cfg.choco_gamma, compressor, copies)
+
+
+@ALGORITHMS.register("sgp", options=PeerOptions,
+                     help="Stochastic Gradient Push: push-sum over directed, time-varying graphs (Assran et al.)")
+def _sgp(cfg, ctx: Context) -> PushSum:
+    return PushSum(_peer_graph(cfg, ctx, directed=True),
+                   torch.ones(ctx.X.shape[0], 1, dtype=ctx.X.dtype, device=ctx.X.device))
+
+
+@ALGORITHMS.register("gradient-tracking", options=PeerOptions,
+                     help="DSGT: gossip of x and of a tracker y of the average gradient (Pu & Nedić)")
+def _gradient_tracking(cfg, ctx: Context) -> GradientTracking:
+    return GradientTracking(_peer_graph(cfg, ctx), torch.zeros_like(ctx.X), torch.zeros_like(ctx.X))
 
 
 @ALGORITHMS.register("diloco", options=DiLoCoOptions,

@@ -1,37 +1,81 @@
 """Codecs: how a worker's model change travels compressed, and its exact size on the wire.
 
-A codec turns rows of changes Δ [m, d] into byte messages [m, B] (``encode``) and back into the
-dense rows they stand for (``decode``); engines only move the bytes (an all-gather), so a new
-compressor is one registered builder here. The ``compression`` config value names one:
-``sign``, or ``ef-`` + a codec (``ef-sign``) for error feedback, which keeps the residual
-e ← (Δ + e) − C(Δ + e) locally and adds it to the next change (:class:`Compressor`).
+A codec turns rows of changes Δ [m, d] into messages [m, B] (``encode``) and back into the dense
+rows they stand for (``decode``); engines only move the messages, so a new compressor is one
+registered builder here. The ``compression`` config value names one — ``sign``, ``top-k:F``,
+``random-k:F``, ``qsgd:S`` — or ``ef-`` + a codec for error feedback, which keeps the residual
+e ← (Δ + e) − C(Δ + e) locally and adds it to the next change (:class:`Compressor`). Every codec
+works per parameter tensor (T tensors of sizes d_t in a row); a message is exactly ``nbytes()``
+bytes (float32 values, int32 indices):
 
-- ``sign`` (Lin et al. 2020, sign-compressed post-local SGD): per parameter tensor,
-  C(Δ) = (‖Δ‖₁ / numel) · sign(Δ): one bit per coordinate and one float32 scale per tensor,
-  ⌈d/8⌉ + 4·T bytes. A bit has two states, so an exact zero is sent as +1.
+- ``sign`` (Lin et al. 2020): C(Δ) = (‖Δ‖₁ / d_t) · sign(Δ): one bit a coordinate and one
+  float32 scale a tensor, ⌈d/8⌉ + 4T bytes. A bit has two states, so an exact zero is sent as +1.
+- ``top-k:F`` (Stich et al. 2018): the k_t = ⌈F·d_t⌉ entries of largest magnitude, as int32
+  indices and float32 values: 8 Σ k_t bytes. Biased; ‖C(Δ) − Δ‖² ≤ (1 − k_t/d_t)‖Δ‖².
+- ``random-k:F``: k_t coordinates drawn uniformly without replacement from a generator that
+  every worker seeds alike with (seed, round, tensor), so the indices are not sent: 4 Σ k_t
+  bytes. Unbiased form (d_t / k_t)·Δ_S.
+- ``qsgd:S`` (Alistarh et al. 2017): per tensor ‖Δ‖₂ · sign(Δ_j) · ξ_j / S, with ξ_j ∈ {0..S}
+  rounded up from S|Δ_j|/‖Δ‖₂ with probability equal to its fractional part (a generator per
+  worker, seeded with (seed, round, worker)): unbiased. Sign and level take
+  1 + ⌈log₂(S + 1)⌉ bits a coordinate, plus a float32 norm a tensor.
+
+The two random codecs are unbiased, E C(Δ) = Δ, with variance E‖C(Δ) − Δ‖² ≤ ω_t‖Δ‖²
+(ω_t = d_t/k_t − 1 for random-k, min(d_t/S², √d_t/S) for QSGD). Error feedback and CHOCO-SGD
+need a contraction, ‖C(Δ) − Δ‖² ≤ (1 − δ)‖Δ‖² in expectation: for them the codec is built
+``contractive`` and decodes C(Δ)/τ_t with τ_t = 1 + ω_t (Koloskova, Stich, Jaggi 2019, which
+for random-k is the plain kept coordinates) — the same bytes, decoded alike by every receiver.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Protocol
 
 import torch
 
-from .registry import Registry
+from .registry import ConfigError, Registry
+from .rng import generator
 
 CODECS = Registry("compression")
 ERROR_FEEDBACK = "ef-"
+BYTES_PER_VALUE = 4  # float32 values and int32 indices on the wire
 
 
 class Codec(Protocol):
-    """Encode rows of changes into byte messages, decode them, and say their size on the wire."""
+    """Encode rows of changes into messages, decode them, and say their size on the wire.
+
+    ``round`` numbers the communication (the step); ``rows`` are the global worker indices of
+    the rows encoded: random codecs seed their draws with them, so that every engine draws alike."""
 
     def nbytes(self) -> int: ...
 
-    def encode(self, delta: torch.Tensor) -> torch.Tensor: ...
+    def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor: ...
 
-    def decode(self, messages: torch.Tensor) -> torch.Tensor: ...
+    def decode(self, messages: torch.Tensor, round: int) -> torch.Tensor: ...
+
+
+def as_bytes(values: torch.Tensor) -> torch.Tensor:
+    """float rows [m, k] → their float32 bytes [m, 4k]."""
+    return values.to(torch.float32).contiguous().view(torch.uint8)
+
+
+def from_bytes(data: torch.Tensor, dtype: torch.dtype, kind: torch.dtype = torch.float32) -> torch.Tensor:
+    """uint8 rows [m, 4k] → the float32 (or int32) values they hold [m, k], as ``dtype``."""
+    return data.clone(memory_format=torch.contiguous_format).view(kind).to(dtype)
+
+
+def parse_fraction(name: str, param: str | None) -> float:
+    """F of ``top-k:F`` / ``random-k:F``, a number in (0, 1]."""
+    try:
+        f = float(param)
+    except (TypeError, ValueError):
+        raise ConfigError(f"compression '{name}' takes a fraction F in (0, 1], e.g. {name}:0.01; got '{param}'") from None
+    if not 0 < f <= 1:
+        raise ConfigError(f"compression '{name}' needs a fraction F in (0, 1], got {f}")
+    return f
 
 
 @dataclass
@@ -43,57 +87,230 @@ class SignCodec:
 
     def nbytes(self) -> int:
         """Wire size of one worker's message: ⌈d/8⌉ bytes of signs plus a float32 per tensor."""
-        return -(-sum(self.numels) // 8) + 4 * len(self.numels)
+        return -(-sum(self.numels) // 8) + BYTES_PER_VALUE * len(self.numels)
 
-    def encode(self, delta: torch.Tensor) -> torch.Tensor:
+    def encode(self, delta: torch.Tensor, round: int = 0, rows: range = range(0)) -> torch.Tensor:
         """Rows of changes [m, d] → messages uint8 [m, nbytes]: packed signs, then float32 scales."""
         scales = torch.stack([part.abs().mean(1) for part in delta.split(self.numels, dim=1)], dim=1)
-        scale_bytes = scales.to(torch.float32).contiguous().view(torch.uint8)
-        return torch.cat([pack_bits(delta >= 0), scale_bytes], dim=1)
+        return torch.cat([pack_bits(delta >= 0), as_bytes(scales)], dim=1)
 
-    def decode(self, messages: torch.Tensor) -> torch.Tensor:
+    def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         """Messages uint8 [k, nbytes] → the dense rows [k, d] they stand for: ±scale of each tensor."""
         d, T = sum(self.numels), len(self.numels)
-        packed = messages[:, : -4 * T]
-        scales = messages[:, -4 * T :].clone(memory_format=torch.contiguous_format).view(torch.float32).to(self.dtype)
-        sizes = torch.as_tensor(self.numels, device=messages.device)
-        magnitude = scales.repeat_interleave(sizes, dim=1)
-        return torch.where(unpack_bits(packed, d), magnitude, -magnitude)
+        scales = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype)
+        magnitude = _per_coordinate(scales, self.numels)
+        return torch.where(unpack_bits(messages[:, : -BYTES_PER_VALUE * T], d), magnitude, -magnitude)
+
+
+@dataclass
+class TopK:
+    """The k_t = ⌈F·d_t⌉ largest-magnitude entries of each tensor: int32 indices, float32 values."""
+
+    numels: list[int]
+    fraction: float
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        self.ks = kept_per_tensor(self.fraction, self.numels)
+
+    def nbytes(self) -> int:
+        return 2 * BYTES_PER_VALUE * sum(self.ks)
+
+    def encode(self, delta: torch.Tensor, round: int = 0, rows: range = range(0)) -> torch.Tensor:
+        parts = delta.split(self.numels, dim=1)
+        index = [part.abs().topk(k, dim=1, sorted=False).indices for part, k in zip(parts, self.ks)]
+        values = [part.gather(1, i) for part, i in zip(parts, index)]
+        return torch.cat([as_bytes(torch.cat(values, 1)), torch.cat(index, 1).to(torch.int32).view(torch.uint8)], 1)
+
+    def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
+        kept = sum(self.ks)
+        values = from_bytes(messages[:, : BYTES_PER_VALUE * kept], self.dtype)
+        index = from_bytes(messages[:, BYTES_PER_VALUE * kept :], torch.int64, torch.int32)
+        offsets = torch.as_tensor(_offsets(self.numels), device=messages.device).repeat_interleave(
+            torch.as_tensor(self.ks, device=messages.device))
+        out = torch.zeros(messages.shape[0], sum(self.numels), dtype=self.dtype, device=messages.device)
+        return out.scatter_(1, index + offsets, values)
+
+
+@dataclass
+class RandomK:
+    """k_t = ⌈F·d_t⌉ coordinates per tensor, drawn alike by every worker from (seed, round, tensor):
+    only the float32 values travel. Decodes (d_t/k_t)·Δ_S (unbiased) or Δ_S (``contractive``)."""
+
+    numels: list[int]
+    fraction: float
+    seed: int = 0
+    contractive: bool = False
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        self.ks = kept_per_tensor(self.fraction, self.numels)
+        self.scale = [1.0 if self.contractive else n / k for n, k in zip(self.numels, self.ks)]
+
+    def nbytes(self) -> int:
+        return BYTES_PER_VALUE * sum(self.ks)
+
+    def coordinates(self, round: int, device: torch.device) -> torch.Tensor:
+        """The kept coordinates of a row in this round (every worker draws the same)."""
+        picks = [torch.randperm(n, generator=generator(self.seed, round, t))[:k] + offset
+                 for t, (n, k, offset) in enumerate(zip(self.numels, self.ks, _offsets(self.numels)))]
+        return torch.cat(picks).to(device)
+
+    def encode(self, delta: torch.Tensor, round: int, rows: range = range(0)) -> torch.Tensor:
+        return as_bytes(delta[:, self.coordinates(round, delta.device)])
+
+    def decode(self, messages: torch.Tensor, round: int) -> torch.Tensor:
+        values = from_bytes(messages, self.dtype) * _per_coordinate(
+            torch.tensor([self.scale], dtype=self.dtype, device=messages.device), self.ks)
+        out = torch.zeros(messages.shape[0], sum(self.numels), dtype=self.dtype, device=messages.device)
+        out[:, self.coordinates(round, messages.device)] = values
+        return out
+
+
+@dataclass
+class QSGD:
+    """Stochastic quantisation to S levels per tensor (Alistarh et al. 2017): a float32 norm, then
+    sign and level of every coordinate in 1 + ⌈log₂(S + 1)⌉ packed bits. Each worker draws its
+    rounding from (seed, round, worker). ``contractive`` decodes Q(Δ)/τ_t, τ_t = 1 + min(d_t/S², √d_t/S)."""
+
+    numels: list[int]
+    levels: int
+    seed: int = 0
+    contractive: bool = False
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        self.level_bits = max(1, math.ceil(math.log2(self.levels + 1)))
+        s = self.levels
+        self.scale = [1 / (1 + min(n / s**2, math.sqrt(n) / s)) if self.contractive else 1.0 for n in self.numels]
+
+    @property
+    def bits(self) -> int:
+        return 1 + self.level_bits
+
+    def nbytes(self) -> int:
+        return -(-sum(self.numels) * self.bits // 8) + BYTES_PER_VALUE * len(self.numels)
+
+    def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
+        m, d = delta.shape
+        norms = torch.stack([part.norm(dim=1) for part in delta.split(self.numels, dim=1)], dim=1)
+        scaled = delta.abs() * self.levels / _per_coordinate(norms, self.numels).clamp_min(torch.finfo(delta.dtype).tiny)
+        uniform = torch.stack([torch.rand(d, generator=generator(self.seed, round, worker), dtype=delta.dtype)
+                               for worker in rows]).to(delta.device)
+        level = (scaled.floor() + (uniform < scaled - scaled.floor())).clamp_(max=self.levels).to(torch.int64)
+        shifts = torch.arange(self.level_bits - 1, -1, -1, device=delta.device)
+        bits = torch.cat([(delta < 0).unsqueeze(2), (level.unsqueeze(2) >> shifts) & 1 == 1], dim=2)
+        return torch.cat([pack_bits(bits.view(m, d * self.bits)), as_bytes(norms)], dim=1)
+
+    def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
+        d, T = sum(self.numels), len(self.numels)
+        bits = unpack_bits(messages[:, : -BYTES_PER_VALUE * T], d * self.bits).view(-1, d, self.bits)
+        weights = 2 ** torch.arange(self.level_bits - 1, -1, -1, device=messages.device)
+        level = (bits[:, :, 1:].to(torch.int64) * weights).sum(2).to(self.dtype)
+        norms = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype)
+        norms = norms * torch.tensor(self.scale, dtype=self.dtype, device=messages.device) / self.levels
+        value = _per_coordinate(norms, self.numels) * level
+        return torch.where(bits[:, :, 0], -value, value)
+
+
+@dataclass
+class Identity:
+    """No compression: the change itself, counted as d float32 values (CHOCO-SGD without a codec)."""
+
+    numels: list[int]
+
+    def nbytes(self) -> int:
+        return BYTES_PER_VALUE * sum(self.numels)
+
+    def encode(self, delta: torch.Tensor, round: int = 0, rows: range = range(0)) -> torch.Tensor:
+        return delta
+
+    def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
+        return messages
+
+
+def kept_per_tensor(fraction: float, numels: list[int]) -> list[int]:
+    """k_t = ⌈F·d_t⌉ per tensor, exactly (F as the decimal it was written as: 0.01·1200 is 12)."""
+    exact = Fraction(repr(fraction))
+    return [math.ceil(exact * n) for n in numels]
+
+
+def _offsets(numels: list[int]) -> list[int]:
+    return [sum(numels[:t]) for t in range(len(numels))]
+
+
+def _per_coordinate(per_tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
+    """[m, T] values per tensor → [m, Σ sizes], each repeated over its tensor's coordinates."""
+    return per_tensor.repeat_interleave(torch.as_tensor(sizes, device=per_tensor.device), dim=1)
+
+
+# ---------------------------------------------------------------- registry
+# a builder: (param, numels, dtype, seed, contractive) → codec
 
 
 @CODECS.register("sign", help="(‖Δ‖₁/numel)·sign(Δ) per tensor: 1 bit a coordinate + a float32 scale a tensor")
-def _sign(param: str | None, numels: list[int], dtype: torch.dtype) -> SignCodec:
+def _sign(param, numels, dtype, seed, contractive) -> SignCodec:
     return SignCodec(numels, dtype)
+
+
+@CODECS.register("top-k", spec="top-k:F", takes="required",
+                 help="the ⌈F·numel⌉ largest entries of each tensor: int32 index + float32 value each")
+def _top_k(param, numels, dtype, seed, contractive) -> TopK:
+    return TopK(numels, parse_fraction("top-k", param), dtype)
+
+
+@CODECS.register("random-k", spec="random-k:F", takes="required",
+                 help="⌈F·numel⌉ coordinates per tensor from a shared seed (no indices sent), unbiased")
+def _random_k(param, numels, dtype, seed, contractive) -> RandomK:
+    return RandomK(numels, parse_fraction("random-k", param), seed, contractive, dtype)
+
+
+@CODECS.register("qsgd", spec="qsgd:S", takes="required",
+                 help="stochastic quantisation to S levels + a float32 norm per tensor, unbiased (Alistarh et al.)")
+def _qsgd(param, numels, dtype, seed, contractive) -> QSGD:
+    try:
+        levels = int(param)
+    except ValueError:
+        raise ConfigError(f"compression 'qsgd' takes an integer number of levels S >= 1, e.g. qsgd:4; got '{param}'") from None
+    if not 1 <= levels <= 2**16:
+        raise ConfigError(f"compression 'qsgd' needs levels S in 1..65536, got {levels}")
+    return QSGD(numels, levels, seed, contractive, dtype)
 
 
 @dataclass
 class Compressor:
-    """One compressed channel (one sync level): a codec and, with error feedback, its residual e."""
+    """One compressed channel (one sync level, or CHOCO's messages): a codec and, with error
+    feedback, its residual e."""
 
     codec: Codec
     residual: torch.Tensor | None = None
 
-    def compress(self, delta: torch.Tensor) -> torch.Tensor:
+    def compress(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
         """The messages for Δ (+ e); with error feedback, e ← (Δ + e) − C(Δ + e)."""
         if self.residual is not None:
             delta = delta + self.residual
-        messages = self.codec.encode(delta)
+        messages = self.codec.encode(delta, round, rows)
         if self.residual is not None:
-            self.residual = delta - self.codec.decode(messages)
+            self.residual = delta - self.codec.decode(messages, round)
         return messages
 
 
-def build_compressor(spec: str, numels: list[int], like: torch.Tensor) -> Compressor:
-    """The compressor named by ``spec`` (``sign``, ``ef-sign``, ...) for rows shaped like ``like``."""
+def build_compressor(spec: str, numels: list[int], like: torch.Tensor, seed: int = 0,
+                     contractive: bool = False) -> Compressor:
+    """The compressor named by ``spec`` (``none``, ``sign``, ``ef-top-k:0.01``, ...) for rows
+    shaped like ``like``. Error feedback always uses the contractive form of a codec."""
+    if spec == "none":
+        return Compressor(Identity(numels))
     error_feedback = spec.startswith(ERROR_FEEDBACK)
     entry, param = CODECS.parse(spec.removeprefix(ERROR_FEEDBACK))
-    codec = entry.build(param, numels, like.dtype)
+    codec = entry.build(param, numels, like.dtype, seed, contractive or error_feedback)
     return Compressor(codec, torch.zeros_like(like) if error_feedback else None)
 
 
 def check_spec(spec: str) -> None:
-    """Raise a ConfigError unless ``spec`` names a codec (with or without ``ef-``)."""
-    CODECS.parse(spec.removeprefix(ERROR_FEEDBACK))
+    """Raise a ConfigError unless ``spec`` names a codec (with or without ``ef-``) and a valid parameter."""
+    entry, param = CODECS.parse(spec.removeprefix(ERROR_FEEDBACK))
+    entry.build(param, [1], torch.float32, 0, False)
 
 
 _BIT_WEIGHTS = 2 ** torch.arange(7, -1, -1, dtype=torch.uint8)

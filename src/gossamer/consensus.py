@@ -15,6 +15,13 @@ The paper's target is "c × φ_t^ema", which reads two ways; both are here:
 Two actions keep Ξ under the target (``consensus.action``): ``rounds`` (:class:`Controller`)
 adds gossip rounds after a step's own; ``frequency`` (:class:`FrequencyControl`) changes how
 many local steps the workers take between gossip rounds, the period H_t.
+
+What the rounds controller decides from (``measure``): ``exact`` probes Ξ² after every round (an
+all-reduce of d values, which a real deployment would not pay for); ``estimate`` uses only the
+local estimate Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖² of each round (a scalar all-reduce) and the
+bound Ξ ≤ (2/p)Θ (Kong et al.), p the round's mixing quality. The bound holds for the distance
+before the round, so also after it: control from it never stops short of the target, and may
+spend more rounds than the exact rule would have.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ if TYPE_CHECKING:
     from .algorithms import Step
 
 ON_BUDGET = ("allreduce", "continue")
+MEASURES = ("exact", "estimate")
 ACTIONS = ("rounds", "frequency")
 
 
@@ -50,6 +58,7 @@ class ConsensusConfig:
     max_extra_rounds: int = 100
     on_budget: str = "allreduce"
     ema: float = 0.9
+    measure: str = "exact"  # or estimate: decide from Θ and Ξ ≤ (2/p)Θ alone
     action: str = "rounds"
     max_local_steps: int = 16  # frequency: the longest gossip period H_t
 
@@ -81,6 +90,10 @@ class ConsensusConfig:
                     raise ConfigError(f"consensus.{key} applies to consensus.action {action}, not {self.action}")
         if frequency and t == "none":
             raise ConfigError("consensus.action frequency needs consensus.target (constant, gradient or run:DIR)")
+        if self.measure not in MEASURES:
+            raise ConfigError(f"unknown consensus.measure '{self.measure[:100]}'; choose one of: {', '.join(MEASURES)}")
+        if self.measure != "exact" and self.action != "rounds":
+            raise ConfigError(f"consensus.measure {self.measure[:100]} applies to consensus.action rounds, not {self.action}")
 
     @property
     def reference_run(self) -> str | None:
@@ -126,15 +139,27 @@ def build_target(c: ConsensusConfig, p: float, reference: list[float] | None = N
 
 @dataclass
 class Controller:
-    """Extra gossip rounds until Ξ ≤ target; then an all-reduce or nothing when the budget is spent."""
+    """Extra gossip rounds until Ξ ≤ target; then an all-reduce or nothing when the budget is spent.
+
+    ``measure``: ``exact`` decides from Ξ (probed after every round), ``estimate`` from the bound
+    (2/p)Θ that each round gives."""
 
     target: Callable[[Step], float]
     max_extra_rounds: int
     on_budget: str  # allreduce | continue
+    measure: str = "exact"
 
-    def control(self, engine, X: torch.Tensor, step: Step, gossip_round: Callable[[], None]) -> dict:
-        """Run after the step's normal gossip; returns this step's control metrics. Each probe of
-        Ξ² is measurement traffic (an all-reduce of d values)."""
+    def control(self, engine, X: torch.Tensor, step: Step, gossip_round: Callable[[], float | None],
+                bound: float | None = None) -> dict:
+        """Run after the step's normal gossip; returns this step's control metrics.
+
+        ``gossip_round()`` runs one extra round (and, when estimating, returns its bound on Ξ);
+        ``bound``: the bound given by the step's own round (estimating). Each probe of Ξ² is
+        measurement traffic (an all-reduce of d values); estimating probes Ξ² only on measured
+        steps, to report how many rounds the exact rule would have run from the same state
+        (``extra_gossip_rounds_if_exact``)."""
+        if self.measure == "estimate":
+            return self._from_estimate(engine, X, step, gossip_round, bound)
         target = self.target(step)
         before = engine.consensus_distance_sq(X)
         xi_sq, rounds = before, 0
@@ -147,6 +172,30 @@ class Controller:
             engine.allreduce_mean_(X)
         return {"consensus_target": target, "consensus_distance_sq_before_control": before,
                 "extra_gossip_rounds": rounds, "control_allreduce": fallback}
+
+    def _from_estimate(self, engine, X: torch.Tensor, step: Step, gossip_round, bound: float | None) -> dict:
+        target = self.target(step)
+        bound = math.inf if bound is None else bound
+        metrics: dict = {}
+        exact_rounds = None  # the rounds after which Ξ first met the target (measured steps)
+        if step.measure:
+            metrics["consensus_distance_sq_before_control"] = engine.consensus_distance_sq(X)
+            exact_rounds = 0 if math.sqrt(metrics["consensus_distance_sq_before_control"]) <= target else None
+        rounds = 0
+        while bound > target and rounds < self.max_extra_rounds:
+            bound = gossip_round()
+            bound = math.inf if bound is None else bound
+            rounds += 1
+            if step.measure and exact_rounds is None and math.sqrt(engine.consensus_distance_sq(X)) <= target:
+                exact_rounds = rounds
+        fallback = bound > target and self.on_budget == "allreduce"
+        if fallback:
+            engine.allreduce_mean_(X)
+        metrics.update({"consensus_target": target, "consensus_distance_bound_after_control": bound,
+                        "extra_gossip_rounds": rounds, "control_allreduce": fallback})
+        if step.measure:
+            metrics["extra_gossip_rounds_if_exact"] = rounds if exact_rounds is None else exact_rounds
+        return metrics
 
 
 @dataclass

@@ -14,6 +14,11 @@ Scales: ``cpu`` (the default) runs each suite on a small workload from a base li
 ``decentralized-adam``), ``--quick`` a smoke-test version of it; ``paper`` runs the same
 variants on top of the papers' configurations in ``configs/paper/`` (CIFAR-10 ResNet-20, meant
 for GPUs). The estimated work is printed before anything trains.
+
+Suites: ``ring-scaling`` and ``consensus-phases`` (Kong et al.; the latter also compares consensus
+control from the local estimate with control from the exact Ξ), ``decentralized-adam``,
+``heterogeneous`` (non-i.i.d. data: D-SGD, quasi-global momentum, gradient tracking, CHOCO-SGD
+and All-Reduce).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Suite:
     base: list[str]  # overrides shared by every variant (applied to base_file, if any)
     variants: list[Variant] = field(default_factory=list)
     reference: str | None = None  # name of the variant whose run controlled variants follow
+    estimate_pairs: list[tuple[str, str]] = field(default_factory=list)  # (exact, estimate) controlled variants
     base_file: str | None = None  # paper scale: the configs/paper file every variant starts from
     report: Callable | None = None  # (suite, configs, out, seeds) → results.md body, plots written; default: Ξ²
 
@@ -114,6 +120,10 @@ def consensus_phases(scale: str, quick: bool) -> Suite:
             f"ctrl-phase-1 c={label}",
             [*gossip, "phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}",
              f"consensus.factor={c}", "consensus.max_extra_rounds=1000"], n))
+    for label in ("1", "1/2", "1/4"):  # the same control, deciding from Θ and Ξ ≤ (2/p)Θ alone
+        exact = next(v for v in suite.variants if v.name == f"ctrl-phase-1 c={label}")
+        suite.variants.append(Variant(f"{exact.name} estimate", [*exact.overrides, "consensus.measure=estimate"], n))
+        suite.estimate_pairs.append((exact.name, f"{exact.name} estimate"))
     # control by frequency can only lengthen the gossip period beyond D-SGD's one step: a fraction
     # c < 1 of D-SGD's own distance would keep H = 1, so these follow c × η_t·sqrt(EMA φ²)/p,
     # the on-the-fly reading of "c × φ^ema", which lies above the ring's distance
@@ -153,6 +163,31 @@ def decentralized_adam(scale: str, quick: bool) -> Suite:
         Variant("ring adam, local moments", gossip, n),
         Variant("ring adam, moments averaged", [*gossip, "average_optimizer_state=true"], n),
     ]
+    return suite
+
+
+CHOCO_GAMMA = 0.05  # CHOCO's consensus step for top-1 % in the heterogeneous suite (a sweep: docs/results.md)
+
+
+def heterogeneous(scale: str, quick: bool) -> Suite:
+    """Non-i.i.d. data on a ring: Dirichlet α = 0.1 and 1 and i.i.d. shards; D-SGD, D-SGD with
+    quasi-global momentum, gradient tracking, CHOCO-SGD with top-1 % compression, All-Reduce."""
+    n = 4 if quick else 16
+    if scale == "paper":
+        suite = Suite(f"heterogeneous (paper scale): CIFAR-10 ResNet-20, ring, n = {n}, Dirichlet α", [],
+                      base_file=KONG_CIFAR)
+    else:
+        suite = Suite(f"heterogeneous: ring, n = {n}, Dirichlet α", _base(quick, 2 if quick else 20))
+    ring = ["topology=ring"]
+    algorithms = [("All-Reduce", ["algorithm=allreduce"]),
+                  ("D-SGD", ["algorithm=gossip", *ring]),
+                  ("D-SGD + QG momentum", ["algorithm=gossip", *ring, "momentum_mode=quasi-global"]),
+                  ("gradient tracking", ["algorithm=gradient-tracking", *ring]),
+                  ("CHOCO top-1%", ["algorithm=choco", *ring, "compression=top-k:0.01", f"choco_gamma={CHOCO_GAMMA}"])]
+    for label, partition in (("α=0.1", ["partition=dirichlet", "dirichlet_alpha=0.1"]),
+                             ("α=1", ["partition=dirichlet", "dirichlet_alpha=1"]),
+                             ("iid", ["partition=iid"])):
+        suite.variants += [Variant(f"{name} {label}", [*overrides, *partition], n) for name, overrides in algorithms]
     return suite
 
 
@@ -244,7 +279,8 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
 
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
                                                    "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
-                                                   "time-to-accuracy": time_to_accuracy}
+                                                   "time-to-accuracy": time_to_accuracy,
+                                                   "heterogeneous": heterogeneous}
 
 
 def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
@@ -370,7 +406,7 @@ def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str
     metrics = test_metrics([s for runs in summaries.values() for s in runs])
     optional = [c for c in OPTIONAL_COLUMNS if any(c[0] in s for runs in summaries.values() for s in runs)]
     head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics],
-            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "comm rounds", "extra gossip rounds",
+            *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "MB/worker", "comm rounds", "extra gossip rounds",
             *[heading for _, heading, _ in optional]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
@@ -378,15 +414,46 @@ def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str
         runs = summaries[v.name]
         cells = [v.name, *[_mean_std([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
+                 _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
                  _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
                  _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
                  *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
+    if suite.estimate_pairs:
+        lines += ["", *_estimate_section(suite, out, seeds)]
     plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
                    boundaries, out / "consensus.png", suite.title)
     plot_tradeoff(summaries, out / "tradeoff.png", suite.title)
     return ("\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n"
             "![test metric against communication](tradeoff.png)\n")
+
+
+def _estimate_section(suite: Suite, out: Path, seeds: int) -> list[str]:
+    """Control from the estimate (2/p)Θ against control from the exact Ξ: extra rounds, how often the
+    estimate ran more rounds than the exact rule would have from the same state, accuracy."""
+    lines = ["## Control from the local estimate vs the exact Ξ", "",
+             "\"more than exact\": the share of controlled steps where the estimate-driven controller ran more "
+             "extra rounds than the exact rule would have from the same state (Ξ probed after each of its rounds, "
+             "as measurement only). Mean ± std over seeds.", "",
+             "| variant | extra rounds exact | extra rounds estimate | more than exact | rounds: estimate / exact rule "
+             "(same states) | test acc exact | test acc estimate |", "|---|---|---|---|---|---|---|"]
+    for exact, estimate in suite.estimate_pairs:
+        runs = {name: [out / f"{_slug(name)}-seed{s}" for s in range(seeds)] for name in (exact, estimate)}
+        summaries = {name: [read_summary(r) for r in rs] for name, rs in runs.items()}
+        more, ratio = [], []
+        for run in runs[estimate]:
+            steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            steps = [r for r in steps if "extra_gossip_rounds_if_exact" in r]
+            more.append(sum(r["extra_gossip_rounds"] > r["extra_gossip_rounds_if_exact"] for r in steps) / len(steps))
+            ratio.append(sum(r["extra_gossip_rounds"] for r in steps)
+                         / max(1, sum(r["extra_gossip_rounds_if_exact"] for r in steps)))
+        lines.append("| " + " | ".join([
+            exact, _mean_std([s["extra_gossip_rounds"] for s in summaries[exact]], "{:.0f}"),
+            _mean_std([s["extra_gossip_rounds"] for s in summaries[estimate]], "{:.0f}"),
+            _mean_std([100 * m for m in more], "{:.1f}") + " %", _mean_std(ratio, "{:.2f}"),
+            _mean_std([s["test_accuracy"] for s in summaries[exact]], "{:.4f}"),
+            _mean_std([s["test_accuracy"] for s in summaries[estimate]], "{:.4f}")]) + " |")
+    return lines
 
 
 def _at_target(runs: list[Path], cfg) -> list[dict | None]:

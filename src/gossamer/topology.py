@@ -1,9 +1,14 @@
-"""Gossip mixing matrices W_t (doubly stochastic, n x n), static and time-varying.
+"""Gossip mixing matrices W_t (n x n), static and time-varying, undirected and directed.
 
 A gossip round maps worker models X (one row per worker) to W_t X:
     x_i <- sum_j W_t[i, j] x_j,
 where W_t[i, j] is the weight worker i gives to worker j's model. Every W_t is
-nonnegative with rows and columns summing to 1, so the average x_bar is preserved.
+nonnegative with columns summing to 1 (worker j sends out all its mass). Undirected
+topologies are doubly stochastic (rows sum to 1 too), so the average x_bar is preserved
+and plain gossip converges to it. Directed ones (``directed-exponential`` is doubly
+stochastic anyway; ``edges:FILE`` with ``i -> j`` lines need not be) are only
+column-stochastic: plain gossip would not converge to the average, push-sum
+(``algorithm: sgp``) does; their graph over one period must be strongly connected.
 
 Spectral analysis (Kong et al. 2021, section B of papers.md): with J = 11^T/n and
 period P, the spectral gap is
@@ -14,7 +19,7 @@ which for a static symmetric W is 1 - max(|lambda_2|, |lambda_n|). The mixing
 quality is p = 1 - (1 - rho)^2, and the slowest mode halves in
 ln 2 / (-ln(1 - rho)) rounds.
 
-Pure numpy + networkx; no torch.
+Pure numpy + networkx (+ scipy for sparse spectra and strong connectivity); no torch.
 """
 
 from __future__ import annotations
@@ -122,6 +127,20 @@ class Mixing:
         m = np.arange(self.n)
         return sum(w * np.exp(2j * np.pi * m * s / self.n) for w, s in zip(self.weight[:, 0], self.shifts))
 
+    def weights_in(self, slots: Mixing) -> np.ndarray:
+        """W's weights in the neighbour slots of ``slots`` [K', n] (a matrix whose slots hold all
+        of W's neighbours, e.g. the union of a period): worker i's weight on j sits in the
+        first of i's slots that holds j, 0 in the others."""
+        if slots is self:
+            return self.weight
+        index = slots.index
+        weight = ((index[:, None, :] == self.index[None, :, :]) * self.weight[None]).sum(1)
+        earlier = (index[:, None, :] == index[None, :, :]) & np.tril(np.ones((len(index),) * 2, bool), -1)[..., None]
+        weight[earlier.any(1)] = 0.0
+        if not np.allclose(weight.sum(0), self.weight.sum(0), rtol=0, atol=_TOL):
+            raise ValueError("a mixing matrix has neighbours outside the given slots")
+        return weight
+
     def sparse(self):
         """W as a scipy CSR matrix (duplicate slots add up)."""
         from scipy.sparse import csr_matrix
@@ -140,15 +159,27 @@ class Mixing:
 
 @dataclass(frozen=True)
 class Topology:
-    """A (possibly time-varying) topology: W_t = mixings[t % period]."""
+    """A (possibly time-varying) topology: W_t = mixings[t % period]. ``doubly_stochastic``:
+    every W_t's rows sum to 1 too (else it is directed, column-stochastic: for push-sum)."""
 
     name: str
     n: int
     mixings: tuple[Mixing, ...]
+    doubly_stochastic: bool = True
 
     @property
     def period(self) -> int:
         return len(self.mixings)
+
+    @cached_property
+    def union(self) -> Mixing:
+        """One matrix whose slots hold every neighbour a worker has in any W_t of the period (the
+        mean of the W_t); a static topology's own W. Who must keep copies of whom."""
+        if self.period == 1:
+            return self.mixings[0]
+        index = np.concatenate([m.index for m in self.mixings])
+        weight = np.concatenate([m.weight for m in self.mixings]) / self.period
+        return _slots(self.n, [_combine(index[:, i], weight[:, i], i) for i in range(self.n)])
 
     def mixing(self, t: int) -> Mixing:
         return self.mixings[t % self.period]
@@ -169,6 +200,28 @@ def _circulant(n: int, offsets: list[int], weights: list[float]) -> Mixing:
     i = np.arange(n, dtype=np.int64)
     index = np.stack([(i + off) % n for off in offsets])
     weight = np.stack([np.full(n, w, dtype=np.float64) for w in weights])
+    return Mixing(index, weight)
+
+
+def _combine(index: np.ndarray, weight: np.ndarray, i: int) -> dict[int, float]:
+    """Worker i's weight on each worker, from (possibly repeated) slots; self and nonzero ones."""
+    total = {i: 0.0}
+    for j, w in zip(index.tolist(), weight.tolist()):
+        if w:
+            total[j] = total.get(j, 0.0) + w
+    return total
+
+
+def _slots(n: int, rows: list[dict[int, float]]) -> Mixing:
+    """Slot form of W from each worker's {neighbour: weight}: self first, then the others
+    ascending, padded with (i, 0) to K = 1 + the most neighbours a worker has."""
+    K = max(len(r) for r in rows)
+    index = np.tile(np.arange(n, dtype=np.int64), (K, 1))
+    weight = np.zeros((K, n), dtype=np.float64)
+    for i, row in enumerate(rows):
+        weight[0, i] = row.get(i, 0.0)
+        for k, j in enumerate(sorted(j for j in row if j != i), start=1):
+            index[k, i], weight[k, i] = j, row[j]
     return Mixing(index, weight)
 
 
@@ -250,6 +303,25 @@ def _one_peer_exponential(n: int) -> tuple[Mixing, ...]:
     return tuple(_circulant(n, [0, 1 << k], [0.5, 0.5]) for k in range(n.bit_length() - 1))
 
 
+@TOPOLOGIES.register("directed-exponential",
+                     help="directed, time-varying, any n: i sends ½ to i + 2^k, k = t mod (⌊log₂(n−1)⌋ + 1) (SGP's graph)")
+@_no_param
+def _directed_exponential(n: int) -> tuple[Mixing, ...]:
+    """Assran et al.'s graph: in round t worker i keeps half of its model and sends half to
+    i + 2^k (mod n), k cycling over 0..⌊log₂(n − 1)⌋; so x_i ← (x_i + x_{i−2^k}) / 2. Every
+    worker has one in- and one out-peer per round, so W_t is doubly stochastic."""
+    if n == 1:
+        return (_identity(1),)
+    return tuple(_circulant(n, [0, -(1 << k) % n], [0.5, 0.5]) for k in range((n - 1).bit_length()))
+
+
+def _push_sum(graph: nx.DiGraph, n: int) -> Mixing:
+    """Column-stochastic push-sum weights of a directed graph: worker j splits its model equally
+    among itself and its out-neighbours, W[i, j] = 1 / (1 + outdeg j) — what j can set alone."""
+    share = [1.0 / (1 + sum(1 for i in graph.successors(j) if i != j)) for j in range(n)]
+    return _slots(n, [{i: share[i], **{j: share[j] for j in graph.predecessors(i) if j != i}} for i in range(n)])
+
+
 def _metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
     """w_ij = 1 / (1 + max(deg_i, deg_j)) on edges, w_ii = 1 - sum_j w_ij.
 
@@ -316,18 +388,20 @@ def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
 
 
 @TOPOLOGIES.register("edges", spec="edges:FILE", takes="required",
-                     help="any connected graph from an edge list ('i j' per line), Metropolis–Hastings weights")
+                     help="any graph from an edge list: 'i j' undirected (Metropolis–Hastings weights), "
+                          "'i -> j' directed (push-sum weights, for sgp)")
 def _edges(n: int, path: str, seed: int) -> Mixing:
-    """Undirected edge list: one 'i j' per line; '#' comments and blank lines allowed.
-
-    Self-loops 'i i' are ignored (the self weight is implied); duplicate edges count once.
-    The graph on nodes 0..n-1 must be connected.
+    """Edge list: one 'i j' (undirected) or 'i -> j' (i sends to j) per line; '#' comments and
+    blank lines allowed. Self-loops are ignored (the self weight is implied); duplicate edges
+    count once. Without directed edges the graph must be connected and gets Metropolis–Hastings
+    weights; with them it gets push-sum weights (:func:`_push_sum`), column-stochastic.
     """
     name = "edges"
     if not os.path.isfile(path):
         raise TopologyError(f"topology '{name}': edge file '{_short(path)}' not found")
-    g = nx.Graph()
+    g = nx.DiGraph()
     g.add_nodes_from(range(n))
+    directed = False
     try:
         with open(path, "rb") as fh:
             text = fh.read().decode("utf-8")
@@ -338,17 +412,18 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     if "\x00" in text:
         raise TopologyError(f"topology '{name}': edge file '{_short(path)}' is binary, not an edge list")
     for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.split("#", 1)[0].strip()
+        line = raw.split("#", 1)[0].replace("->", " -> ").strip()
         if not line:
             continue
         parts = line.split()
+        arrow = len(parts) == 3 and parts[1] == "->"
         try:
-            if len(parts) != 2:
+            if len(parts) != 2 and not arrow:
                 raise ValueError
-            i, j = int(parts[0]), int(parts[1])
+            i, j = int(parts[0]), int(parts[-1])
         except ValueError:
             raise TopologyError(
-                f"topology '{name}': {_short(path)} line {lineno}: expected two integers 'i j', "
+                f"topology '{name}': {_short(path)} line {lineno}: expected two integers 'i j' or 'i -> j', "
                 f"got '{_short(raw.strip())}'"
             ) from None
         for v in (i, j):
@@ -358,7 +433,11 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
                     f"0..{n - 1}"
                 )
         if i != j:
-            g.add_edge(i, j)
+            directed |= arrow
+            g.add_edges_from([(i, j)] if arrow else [(i, j), (j, i)])
+    if directed:
+        return _push_sum(g, n)
+    g = g.to_undirected()
     if not nx.is_connected(g):
         k = nx.number_connected_components(g)
         raise TopologyError(
@@ -382,8 +461,9 @@ def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
         raise TopologyError(f"topology '{name}' takes an integer {what}, got '{arg}'") from None
 
 
-def _check_doubly_stochastic(m: Mixing, name: str, t: int = 0) -> None:
-    """Raise TopologyError unless W >= 0 and all row and column sums are 1 (tol 1e-12), from the
+def _check_stochastic(m: Mixing, name: str, t: int = 0) -> bool:
+    """Raise TopologyError unless W >= 0 with columns summing to 1 (tol 1e-12): every worker sends
+    out all of its mass. Returns whether the rows sum to 1 too (W doubly stochastic). From the
     slot form (no n×n matrix)."""
     w = m.weight
     if not np.all(np.isfinite(w)):
@@ -392,11 +472,27 @@ def _check_doubly_stochastic(m: Mixing, name: str, t: int = 0) -> None:
         raise TopologyError(f"topology '{name}': W_{t} has negative entries (min {w.min():g})")
     rows = np.abs(w.sum(axis=0) - 1).max(initial=0.0)
     cols = np.abs(np.bincount(m.index.ravel(), weights=w.ravel(), minlength=m.n) - 1).max(initial=0.0)
-    if rows > _TOL or cols > _TOL:
+    if cols > _TOL:
         raise TopologyError(
-            f"topology '{name}': W_{t} is not doubly stochastic "
-            f"(max row error {rows:.3g}, column error {cols:.3g})"
+            f"topology '{name}': W_{t} is not column stochastic "
+            f"(max column error {cols:.3g}, row error {rows:.3g})"
         )
+    return bool(rows <= _TOL)
+
+
+def _check_strongly_connected(mixings: tuple[Mixing, ...], name: str) -> None:
+    """Every worker reaches every other over one period (else push-sum cannot agree on an average)."""
+    from scipy.sparse.csgraph import connected_components
+
+    n = mixings[0].n
+    graph = sum(m.sparse() for m in mixings)  # W[i, j] != 0: an edge j -> i
+    sends = np.asarray((graph != 0).sum(0)).ravel() - (graph.diagonal() != 0)
+    if n > 1 and (sends == 0).any():
+        raise TopologyError(f"topology '{name}': node {int(np.argmin(sends))} has no out-edge; every worker "
+                            f"must send to another (a strongly connected graph)")
+    parts, _ = connected_components(graph, directed=True, connection="strong")
+    if parts > 1:
+        raise TopologyError(f"topology '{name}' is not strongly connected ({parts} components)")
 
 
 def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
@@ -409,11 +505,14 @@ def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
     entry, param = TOPOLOGIES.parse(spec)
     built = entry.build(n, param, seed)
     mixings = built if isinstance(built, tuple) else (built,)
+    doubly = True
     for t, m in enumerate(mixings):
         if m.n != n:
             raise TopologyError(f"topology '{spec}': W_{t} has {m.n} workers, expected {n}")
-        _check_doubly_stochastic(m, spec, t)
-    return Topology(name=spec, n=n, mixings=mixings)
+        doubly &= _check_stochastic(m, spec, t)
+    if not doubly:
+        _check_strongly_connected(mixings, spec)
+    return Topology(name=spec, n=n, mixings=mixings, doubly_stochastic=doubly)
 
 
 # --------------------------------------------------------------------------- analysis
@@ -452,11 +551,25 @@ def _norm_minus_mean(mixings: tuple[Mixing, ...]) -> float:
     return float(svds(op, k=1, return_singular_vectors=False, random_state=0)[0])
 
 
+def _norm_minus_limit(mixings: tuple[Mixing, ...]) -> float:
+    """‖W_{P−1} ⋯ W_0 − π1ᵀ‖₂ for column-stochastic W (dense): π the Perron vector of the product,
+    P π = π with Σπ = 1, the limit of its powers that push-sum divides out."""
+    n = mixings[0].n
+    prod = np.eye(n)
+    for m in mixings:
+        prod = m.dense() @ prod
+    values, vectors = np.linalg.eig(prod)
+    pi = np.real(vectors[:, np.argmin(np.abs(values - 1))])
+    return float(np.linalg.norm(prod - np.outer(pi / pi.sum(), np.ones(n)), 2))
+
+
 def spectral_gap(topology: Topology) -> float:
-    """rho = 1 - ||W_{P-1} ... W_0 - J||_2^(1/P), J = 11^T/n, clipped to [0, 1]."""
+    """rho = 1 - ||W_{P-1} ... W_0 - J||_2^(1/P), clipped to [0, 1]. J = 11^T/n, the limit of the
+    products of doubly stochastic W; for a directed topology J = pi 1^T (:func:`_norm_minus_limit`)."""
     if topology.n == 1:
         return 1.0
-    rho = 1.0 - _norm_minus_mean(topology.mixings) ** (1.0 / topology.period)
+    norm = _norm_minus_mean if topology.doubly_stochastic else _norm_minus_limit
+    rho = 1.0 - norm(topology.mixings) ** (1.0 / topology.period)
     return float(min(1.0, max(0.0, rho)))
 
 

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from gossamer.cli import main
-from gossamer.codecs import SignCodec
+from gossamer.codecs import QSGD, SignCodec, TopK
 from gossamer.engines.dist import DistEngine
 from gossamer.engines.sim import SimEngine
 from gossamer.topology import build_topology
@@ -52,6 +52,13 @@ def engine_checks(n: int, d: int = 37) -> dict:
     for size in (None, 2):
         check(f"all_gather sign mean ({size})", lambda e, X, s=size: e.all_gather(codec.encode(X), s).mean(codec.decode))
     check("gossip Θ terms", lambda e, X: e.gossip_(X, ring.mixing(0), measure=True))
+    top_k, qsgd = TopK([10, 27], 0.2), QSGD([10, 27], 3, seed=1)
+    for topo in ("ring", "one-peer-exponential", "directed-exponential"):
+        union = build_topology(topo, n).union
+        for codec in (top_k, qsgd):  # byte messages to the workers that copy the sender, per slot
+            check(f"exchange {type(codec).__name__} {topo}",
+                  lambda e, X, c=codec, u=union: e.exchange(c.encode(X, 2, e.rows), u, c.nbytes()).double())
+    check("exchange of float rows", lambda e, X: e.exchange(X, ring.union, 4 * d))
     check("mean_row", lambda e, X: e.mean_row(X))
     check("consensus_distance_sq", lambda e, X: e.consensus_distance_sq(X))
     check("mean_scalar", lambda e, X: e.mean_scalar(X[:, 0]))

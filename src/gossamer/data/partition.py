@@ -10,17 +10,9 @@ import numpy as np
 import torch
 
 from ..registry import ConfigError
+from ..rng import generator
 
-_MIX = 1_000_003
 _MAX_DRAWS = 100
-
-
-def _generator(*keys: int) -> torch.Generator:
-    """A torch.Generator seeded by a simple polynomial hash of integer keys."""
-    h = 0
-    for k in keys:
-        h = (h * _MIX + int(k)) % (2**63)
-    return torch.Generator().manual_seed(h)
 
 
 def steps_per_epoch(num_train: int, n: int, batch_size: int) -> int:
@@ -38,7 +30,7 @@ def iid_epoch_indices(num_train: int, n: int, batch_size: int, epoch: int, seed:
     """Disjoint i.i.d. shards, redrawn every epoch, cut into consecutive batches: int64 [steps, n, batch_size]."""
     steps = steps_per_epoch(num_train, n, batch_size)
     shard = num_train // n
-    perm = torch.randperm(num_train, generator=_generator(seed, epoch))
+    perm = torch.randperm(num_train, generator=generator(seed, epoch))
     per_worker = perm[: n * shard].view(n, shard)[:, : steps * batch_size]
     return per_worker.reshape(n, steps, batch_size).transpose(0, 1).contiguous()
 
@@ -76,7 +68,7 @@ def shard_epoch_indices(shards: list[torch.Tensor], steps: int, batch_size: int,
     for i, shard in enumerate(shards):
         if len(shard) == 0:
             raise ValueError(f"worker {i} has an empty shard")
-        perm = shard[torch.randperm(len(shard), generator=_generator(seed, epoch, i))]
+        perm = shard[torch.randperm(len(shard), generator=generator(seed, epoch, i))]
         reps = -(-need // len(perm))
         rows.append(perm.repeat(reps)[:need])
     return torch.stack(rows).view(len(shards), steps, batch_size).transpose(0, 1).contiguous()

@@ -7,6 +7,8 @@ implements only the primitives, each the minimum a real network must do:
 - ``_group_mean_(X, size)``: rows of each group of ``size`` consecutive workers ← their mean;
 - ``_mixed(X, mixing)``: W X for the rows held here (neighbours' rows exchanged, then combined
   by :func:`mix_rows`), into a buffer, X unchanged;
+- ``_exchange(payload, mixing)``: each local worker's messages from the workers in its slots of
+  W (its neighbours; slot 0 itself), [m, K, ...]: what a worker needs to keep copies of them;
 - ``_all_gather(payload, size)``: every member's byte message of each group that holds rows here;
 - ``_row_mean(X)``: x̄ = (1/n) Σ_i x_i over all workers (X unchanged);
 - ``_gather_scalars(values)``: one value per worker, all n of them in worker order;
@@ -94,6 +96,15 @@ class Engine:
         self.comm.gossip(X.shape[1], mixing)
         return change
 
+    def exchange(self, payload: torch.Tensor, mixing: Mixing, nbytes: int) -> torch.Tensor:
+        """Every worker's message (its row of ``payload`` [m, ...], ``nbytes`` on the wire) to each
+        worker that has it in a slot of W. Returns, per local worker i, the messages of the
+        workers in its slots, [m, K, ...] (slot k: worker ``mixing.index[k, i]``; slot 0: i's own).
+        Counted as a gossip round of ``nbytes`` to each peer."""
+        received = self._exchange(payload, mixing)
+        self.comm.exchange(nbytes, mixing)
+        return received
+
     def all_gather(self, payload: torch.Tensor, block_size: int | None = None) -> Gathered:
         """Every worker's byte message (uint8 [m, B]) to every member of its group: all n workers,
         or its block of ``block_size`` consecutive workers. Counted as a ring all-gather of B bytes."""
@@ -154,6 +165,9 @@ class Engine:
         raise NotImplementedError
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _exchange(self, payload: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         raise NotImplementedError
 
     def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:

@@ -11,7 +11,8 @@ counts and metrics of :class:`~gossamer.engines.base.Engine` are the simulator's
   ``dist.new_group`` requires);
 - gossip: the rows that neighbours need, point to point (``batch_isend_irecv``, one message per
   peer process), then the simulator's combine ``mix_rows`` with source = own rows followed by the
-  received rows; ``sent`` counts what this process actually sent;
+  received rows; ``sent`` counts what this process actually sent; a neighbour exchange of
+  messages (CHOCO-SGD's compressed changes) moves the same rows of its payload instead;
 - all-gather of byte messages: ``all_gather`` inside each group spanning processes;
 - x̄ and scalar means: an all-reduce of the row sum and an all-gather of one scalar per worker,
   averaged in global worker order (as the simulator does).
@@ -134,9 +135,20 @@ class DistEngine(Engine):
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Receive the rows this block's workers mix in, then combine: W X for the local rows."""
-        index, weight, send, recv = self._gossip_plan(mixing, X)
-        received = [torch.empty(len(rows), X.shape[1], dtype=X.dtype, device=X.device) for _, rows in recv]
-        outgoing = [X.index_select(0, rows) for _, rows in send]
+        index, weight = self._gossip_plan(mixing, X)
+        return mix_rows(self._with_neighbours(X, mixing), index, weight)
+
+    def _exchange(self, payload: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        """Receive the messages of the workers in the local workers' slots; each worker's, in slot order."""
+        local, _, _ = self._neighbour_plan(mixing, payload.device)
+        return self._with_neighbours(payload, mixing)[local.T]
+
+    def _with_neighbours(self, rows: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        """The local rows [m, ...] followed by the rows of other processes' workers that the local
+        workers have in their slots of W (one message per peer process, point to point)."""
+        _, send, recv = self._neighbour_plan(mixing, rows.device)
+        received = [torch.empty(len(r), *rows.shape[1:], dtype=rows.dtype, device=rows.device) for _, r in recv]
+        outgoing = [rows.index_select(0, r) for _, r in send]
         ops = [dist.P2POp(dist.isend, buf, self._global(peer), self.group) for (peer, _), buf in zip(send, outgoing)]
         ops += [dist.P2POp(dist.irecv, buf, self._global(peer), self.group) for (peer, _), buf in zip(recv, received)]
         if ops:
@@ -145,7 +157,7 @@ class DistEngine(Engine):
         self.sent.messages += len(outgoing)
         self.sent.values += sum(b.numel() for b in outgoing)
         self.sent.bytes += sum(b.numel() * b.element_size() for b in outgoing)
-        return mix_rows(torch.cat([X, *received]) if received else X, index, weight)
+        return torch.cat([rows, *received]) if received else rows
 
     def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
         """Per group holding rows here: every member's rows of it (padded to the largest share)."""
@@ -294,8 +306,8 @@ class DistEngine(Engine):
         except RuntimeError as e:
             raise self.lost("creating a process subgroup failed") from e
 
-    def _gossip_plan(self, mixing: Mixing, like: torch.Tensor) -> tuple:
-        """(index into [own rows; received rows], weight, [(peer, rows to send)], [(peer, rows to
+    def _neighbour_plan(self, mixing: Mixing, device: torch.device) -> tuple:
+        """(index [K, m] into [own rows; received rows], [(peer, rows to send)], [(peer, rows to
         receive)]) for this process, built once per matrix (kept on it)."""
         def build():
             lo, hi, m = self.rows.start, self.rows.stop, self.m
@@ -309,13 +321,20 @@ class DistEngine(Engine):
                     cols = slice(q * m, (q + 1) * m)
                     rows = sorted({int(j) for j in index[:, cols][used[:, cols]] if lo <= j < hi})
                     if rows:
-                        send.append((q, torch.tensor(rows, device=like.device) - lo))
+                        send.append((q, torch.tensor(rows, device=device) - lo))
             recv = [(int(p), [j for j in needed if owner[j] == p]) for p in sorted({int(owner[j]) for j in needed})]
             position = np.full(self.n, -1, dtype=np.int64)
             position[lo:hi] = np.arange(m)
             position[needed] = m + np.arange(len(needed))  # peers ascending, rows ascending: recv's order
             local = position[index[:, lo:hi]]
             local = np.where(local < 0, np.arange(m)[None, :], local)  # weight-0 slots: any row, use self
-            return (torch.tensor(local, device=like.device), torch.tensor(weight[:, lo:hi]).to(like).unsqueeze(-1),
-                    send, recv)
+            return torch.tensor(local, device=device), send, recv
+        return mixing.plan(("dist", self.rank, self.world, device), build)
+
+    def _gossip_plan(self, mixing: Mixing, like: torch.Tensor) -> tuple:
+        """(index into [own rows; received rows], weight [K, m, 1] in like's dtype)."""
+        def build():
+            local, _, _ = self._neighbour_plan(mixing, like.device)
+            lo, hi = self.rows.start, self.rows.stop
+            return local, torch.tensor(mixing.weight[:, lo:hi]).to(like).unsqueeze(-1)
         return mixing.plan(("dist", self.rank, self.world, like.dtype, like.device), build)

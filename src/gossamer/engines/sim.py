@@ -70,6 +70,10 @@ class SimEngine(Engine):
         dense = torch.tensor(mixing.dense()).to(like) if 2 * index.shape[0] > self.n else None
         return index, weight, dense, mixing.shifts
 
+    def _exchange(self, payload: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        slots = mixing.plan(("sim-slots", payload.device), lambda: torch.tensor(mixing.index.T, device=payload.device))
+        return payload[slots]
+
     def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
         rows = torch.arange(self.n, device=payload.device)
         return Gathered(payload.view(self.n // size, size, payload.shape[1]), rows // size)

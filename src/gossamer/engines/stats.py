@@ -33,7 +33,8 @@ class CommStats:
 
     An all-reduce of d values among n workers is counted as a ring all-reduce: 2·d·(n−1)/n values
     sent per worker in one round. An all-gather of one B-byte message per worker: (n−1)·B bytes.
-    A gossip round sends d values to each peer that uses the worker's model.
+    A gossip round sends d values (or one compressed message) to each peer that uses the
+    worker's model.
 
     The algorithm's own traffic (``rounds``, ``messages_per_worker``, ``bytes_per_worker`` and
     their split by level) is kept apart from measurement traffic (``bytes_per_worker_metrics``:
@@ -91,6 +92,12 @@ class CommStats:
         peers = mixing.messages_per_worker
         self._add(Event("gossip", mixing.n, d * BYTES_PER_VALUE, "gossip", mixing), peers,
                   peers * d * BYTES_PER_VALUE)
+
+    def exchange(self, nbytes: int, mixing) -> None:
+        """A message of ``nbytes`` to each of the peers that keep a copy of this worker's, as
+        ``mixing``'s slots say (a gossip round of compressed messages)."""
+        peers = mixing.messages_per_worker
+        self._add(Event("gossip", mixing.n, nbytes, "gossip", mixing), peers, peers * nbytes)
 
     def summary(self) -> dict:
         """The counts as summary.json keys."""
