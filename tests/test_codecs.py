@@ -113,6 +113,26 @@ def test_qsgd_draws_per_worker_alike_whichever_rows_are_encoded_together():
     assert not torch.equal(codec.encode(delta, 6, range(4)), together)
 
 
+def test_sign_sends_a_zero_as_a_fair_coin_drawn_per_worker():
+    """sign(0) = 0 cannot be one bit: each zero coordinate is sent as ±scale by a coin of (seed,
+    round, worker), so over rounds its mean is 0 (no drift), and every engine draws alike."""
+    codec = SignCodec(NUMELS, seed=5, dtype=torch.float64)
+    delta = changes(m=4)
+    delta[:, ::3] = 0.0  # a third of the coordinates did not move
+    moved = delta != 0
+    scale = torch.cat([part.abs().mean(1, keepdim=True).expand_as(part) for part in delta.split(NUMELS, 1)], 1)
+    rounds = 2000
+    signs = torch.stack([codec.decode(codec.encode(delta, r, range(4)), r) / scale.float().double() for r in range(rounds)])
+    assert torch.equal(signs[:, moved], delta.sign()[moved].expand(rounds, -1))  # nonzero: their sign, every round
+    zero_signs = signs[:, ~moved]
+    assert set(zero_signs.unique().tolist()) == {-1.0, 1.0}
+    assert zero_signs.mean(0).abs().max() < 4.5 / math.sqrt(rounds)  # each zero coordinate: a fair coin
+    assert zero_signs.mean().abs() < 4.5 / math.sqrt(zero_signs.numel())
+    together = codec.encode(delta, 9, range(4))
+    assert torch.equal(codec.encode(delta[2:], 9, range(2, 4)), together[2:])  # a process holding workers 2, 3
+    assert not torch.equal(codec.encode(delta[2:], 9, range(0, 2)), together[2:])
+
+
 @pytest.mark.parametrize("spec", ["sign", "top-k:0.2", "random-k:0.3", "qsgd:4"])
 def test_error_feedback_message_plus_new_residual_is_change_plus_old_residual(spec):
     like = torch.zeros(3, sum(NUMELS), dtype=torch.float64)

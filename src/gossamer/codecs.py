@@ -9,7 +9,9 @@ works per parameter tensor (T tensors of sizes d_t in a row); a message is exact
 bytes (float32 values, int32 indices):
 
 - ``sign`` (Lin et al. 2020): C(Δ) = (‖Δ‖₁ / d_t) · sign(Δ): one bit a coordinate and one
-  float32 scale a tensor, ⌈d/8⌉ + 4T bytes. A bit has two states, so an exact zero is sent as +1.
+  float32 scale a tensor, ⌈d/8⌉ + 4T bytes. A bit has two states, so an exact zero (a coordinate
+  that did not move) is sent as +1 or −1 by a fair coin of the worker's generator (seed, round,
+  worker): E sign = 0 = sign(0), so unchanged coordinates do not drift.
 - ``top-k:F`` (Stich et al. 2018): the k_t = ⌈F·d_t⌉ entries of largest magnitude, as int32
   indices and float32 values: 8 Σ k_t bytes. Biased; ‖C(Δ) − Δ‖² ≤ (1 − k_t/d_t)‖Δ‖².
 - ``random-k:F``: k_t coordinates drawn uniformly without replacement from a generator that
@@ -80,19 +82,28 @@ def parse_fraction(name: str, param: str | None) -> float:
 
 @dataclass
 class SignCodec:
-    """C(Δ) = (‖Δ‖₁ / numel) · sign(Δ) per tensor; ``numels`` are the sizes of a row's tensors."""
+    """C(Δ) = (‖Δ‖₁ / numel) · sign(Δ) per tensor; ``numels`` are the sizes of a row's tensors.
+    sign(0) is a fair coin per coordinate, drawn from (seed, round, worker)."""
 
     numels: list[int]
+    seed: int = 0
     dtype: torch.dtype = torch.float32
 
     def nbytes(self) -> int:
         """Wire size of one worker's message: ⌈d/8⌉ bytes of signs plus a float32 per tensor."""
         return -(-sum(self.numels) // 8) + BYTES_PER_VALUE * len(self.numels)
 
-    def encode(self, delta: torch.Tensor, round: int = 0, rows: range = range(0)) -> torch.Tensor:
-        """Rows of changes [m, d] → messages uint8 [m, nbytes]: packed signs, then float32 scales."""
+    def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
+        """Rows of changes [m, d] of workers ``rows`` → messages uint8 [m, nbytes]: packed signs,
+        then float32 scales."""
         scales = torch.stack([part.abs().mean(1) for part in delta.split(self.numels, dim=1)], dim=1)
-        return torch.cat([pack_bits(delta >= 0), as_bytes(scales)], dim=1)
+        positive = delta > 0
+        zero = delta == 0
+        if zero.any():
+            coins = torch.stack([torch.rand(delta.shape[1], generator=generator(self.seed, round, worker)) < 0.5
+                                 for worker in rows]).to(delta.device)
+            positive |= zero & coins
+        return torch.cat([pack_bits(positive), as_bytes(scales)], dim=1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         """Messages uint8 [k, nbytes] → the dense rows [k, d] they stand for: ±scale of each tensor."""
@@ -250,7 +261,7 @@ def _per_coordinate(per_tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 @CODECS.register("sign", help="(‖Δ‖₁/numel)·sign(Δ) per tensor: 1 bit a coordinate + a float32 scale a tensor")
 def _sign(param, numels, dtype, seed, contractive) -> SignCodec:
-    return SignCodec(numels, dtype)
+    return SignCodec(numels, seed, dtype)
 
 
 @CODECS.register("top-k", spec="top-k:F", takes="required",

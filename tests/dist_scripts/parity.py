@@ -48,9 +48,9 @@ def engine_checks(n: int, d: int = 37) -> dict:
     for topo in ("one-peer-exponential", "complete", "exponential"):
         top = build_topology(topo, n)
         check(f"gossip {topo}", lambda e, X, top=top: [e.gossip_(X, top.mixing(t)) for t in range(4)] and None)
-    codec = SignCodec([10, 27], torch.float64)
+    codec = SignCodec([10, 27], dtype=torch.float64)
     for size in (None, 2):
-        check(f"all_gather sign mean ({size})", lambda e, X, s=size: e.all_gather(codec.encode(X), s).mean(codec.decode))
+        check(f"all_gather sign mean ({size})", lambda e, X, s=size: e.all_gather(codec.encode(X, 4, e.rows), s).mean(codec.decode))
     check("gossip Θ terms", lambda e, X: e.gossip_(X, ring.mixing(0), measure=True))
     top_k, qsgd = TopK([10, 27], 0.2), QSGD([10, 27], 3, seed=1)
     for topo in ("ring", "one-peer-exponential", "directed-exponential"):
