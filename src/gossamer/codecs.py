@@ -97,12 +97,9 @@ class SignCodec:
         """Rows of changes [m, d] of workers ``rows`` → messages uint8 [m, nbytes]: packed signs,
         then float32 scales."""
         scales = torch.stack([part.abs().mean(1) for part in delta.split(self.numels, dim=1)], dim=1)
-        positive = delta > 0
-        zero = delta == 0
-        if zero.any():
-            coins = torch.stack([torch.rand(delta.shape[1], generator=generator(self.seed, round, worker)) < 0.5
-                                 for worker in rows]).to(delta.device)
-            positive |= zero & coins
+        coins = torch.stack([torch.rand(delta.shape[1], generator=generator(self.seed, round, worker)) < 0.5
+                             for worker in rows]).to(delta.device)
+        positive = (delta > 0) | ((delta == 0) & coins)
         return torch.cat([pack_bits(positive), as_bytes(scales)], dim=1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
