@@ -8,6 +8,7 @@ that is gone, the same rank on every survivor.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
 import time
@@ -43,6 +44,7 @@ class Watchdog:
             self._beat(0)
             self._thread = threading.Thread(target=self._loop, name="gossamer-heartbeat", daemon=True)
             self._thread.start()
+            atexit.register(self.stop)
 
     def _connect(self):
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
@@ -99,9 +101,7 @@ class Watchdog:
                     silent = behind or [r for r in (peers or []) if r not in exited]
                 with self._lock:
                     decided = self.store.compare_set("lost", "", ",".join(map(str, silent))).decode()
-            self._stop.set()  # no more heartbeats: the store may go away once every survivor has judged
-            if self._thread is not None:
-                self._thread.join(timeout=2 * self.interval + 1)
+            self.stop()  # no more heartbeats: the store may go away once every survivor has judged
             with self._lock:
                 self.store.set(f"exit/{self.rank}", "lost")
             lost = [int(r) for r in decided.split(",") if r]
@@ -116,6 +116,10 @@ class Watchdog:
             return [0] if self.rank != 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" else []
 
     def stop(self) -> None:
+        """End the heartbeat thread and wait for it: a daemon thread still inside a store call when
+        the interpreter shuts down aborts the process ("terminate called without an active
+        exception"), so it must be gone first (also registered with atexit). The wait is bounded
+        by the store's own timeout."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(timeout=2 * self.interval + 1)
+            self._thread.join(timeout=max(2.0, 2 * self.window) + self.interval + 1)
