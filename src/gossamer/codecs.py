@@ -69,6 +69,14 @@ def from_bytes(data: torch.Tensor, dtype: torch.dtype, kind: torch.dtype = torch
     return data.clone(memory_format=torch.contiguous_format).view(kind).to(dtype)
 
 
+def worker_uniforms(seed: int, round: int, rows: range, d: int, dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor:
+    """U[0, 1) draws [len(rows), d], row i from worker rows[i]'s generator (seed, round, worker):
+    the same draws whichever process encodes a worker's row."""
+    return torch.stack([torch.rand(d, generator=generator(seed, round, worker), dtype=dtype)
+                        for worker in rows]).to(device)
+
+
 def parse_fraction(name: str, param: str | None) -> float:
     """F of ``top-k:F`` / ``random-k:F``, a number in (0, 1]."""
     try:
@@ -97,8 +105,7 @@ class SignCodec:
         """Rows of changes [m, d] of workers ``rows`` → messages uint8 [m, nbytes]: packed signs,
         then float32 scales."""
         scales = torch.stack([part.abs().mean(1) for part in delta.split(self.numels, dim=1)], dim=1)
-        coins = torch.stack([torch.rand(delta.shape[1], generator=generator(self.seed, round, worker)) < 0.5
-                             for worker in rows]).to(delta.device)
+        coins = worker_uniforms(self.seed, round, rows, delta.shape[1], torch.float32, delta.device) < 0.5
         positive = (delta > 0) | ((delta == 0) & coins)
         return torch.cat([pack_bits(positive), as_bytes(scales)], dim=1)
 
@@ -203,8 +210,7 @@ class QSGD:
         m, d = delta.shape
         norms = torch.stack([part.norm(dim=1) for part in delta.split(self.numels, dim=1)], dim=1)
         scaled = delta.abs() * self.levels / _per_coordinate(norms, self.numels).clamp_min(torch.finfo(delta.dtype).tiny)
-        uniform = torch.stack([torch.rand(d, generator=generator(self.seed, round, worker), dtype=delta.dtype)
-                               for worker in rows]).to(delta.device)
+        uniform = worker_uniforms(self.seed, round, rows, d, delta.dtype, delta.device)
         level = (scaled.floor() + (uniform < scaled - scaled.floor())).clamp_(max=self.levels).to(torch.int64)
         shifts = torch.arange(self.level_bits - 1, -1, -1, device=delta.device)
         bits = torch.cat([(delta < 0).unsqueeze(2), (level.unsqueeze(2) >> shifts) & 1 == 1], dim=2)
