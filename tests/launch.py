@@ -24,7 +24,7 @@ def spawn(procs: int, argv: list[str], cwd: Path, **env_extra) -> list[subproces
     for rank in range(procs):
         env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(procs),
                "LOCAL_WORLD_SIZE": str(procs), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-               "OMP_NUM_THREADS": "1", **env_extra}
+               "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1", **env_extra}
         out.append(subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, text=True,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return out
@@ -42,7 +42,7 @@ def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str
 def torchrun(procs: int, *argv: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            "--nproc-per-node", str(procs), *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"})
 
 
 def sets(overrides: list[str]) -> list[str]:

@@ -19,7 +19,7 @@ def last_json(stdout: str) -> dict:
 
 def run_example(name: str, *args: str, cwd: Path) -> dict:
     proc = torchrun(2, str(EXAMPLES / name), *args, cwd=cwd, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 0, 'STDOUT:' + proc.stdout[-2000:] + 'STDERR:' + proc.stderr[-3000:]
     return last_json(proc.stdout)
 
 

@@ -8,7 +8,6 @@ that is gone, the same rank on every survivor.
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 import time
@@ -44,7 +43,6 @@ class Watchdog:
             self._beat(0)
             self._thread = threading.Thread(target=self._loop, name="gossamer-heartbeat", daemon=True)
             self._thread.start()
-            atexit.register(self.stop)
 
     def _connect(self):
         host, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
@@ -116,10 +114,8 @@ class Watchdog:
             return [0] if self.rank != 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" else []
 
     def stop(self) -> None:
-        """End the heartbeat thread and wait for it: a daemon thread still inside a store call when
-        the interpreter shuts down aborts the process ("terminate called without an active
-        exception"), so it must be gone first (also registered with atexit). The wait is bounded
-        by the store's own timeout."""
+        """End the heartbeat thread and wait for it (at most the store's own timeout): a daemon
+        thread still inside a store call when the interpreter shuts down aborts the process."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=max(2.0, 2 * self.window) + self.interval + 1)
