@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from gossamer.algorithms.gossip import gossip_state
 from gossamer.config import load_config
 from gossamer.data import Dataset
 from gossamer.models import build_model
@@ -209,7 +210,7 @@ def bench_comm(quick: bool) -> list[dict]:
         w = compute.run.workers
         for topo in ("ring", "one-peer-exponential", "random-regular:4"):
             gossip = build(name, n, b, algorithm=("algorithm=gossip", f"topology={topo}"))
-            engine, topology = gossip.engine, gossip.schedule.topology
+            engine, topology = gossip.engine, gossip_state(gossip.schedule).topology
             t_round = [0]
 
             def comm():

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from conftest import small_config, train_final, train_rows
-from gossamer.algorithms import ChocoSGD, Decentralized, GradientTracking, PushSum, Step
+from gossamer.algorithms import Step
+from gossamer.algorithms.gossip import Gossip, GossipState, gossip_state
+from gossamer.algorithms.peer import ChocoSGD, GradientTracking, PushSum
 from gossamer.cli import main
 from gossamer.codecs import build_compressor
 from gossamer.config import ConfigError
@@ -157,7 +159,7 @@ def test_dsgd_stalls_at_its_closed_form_bias_and_gradient_tracking_reaches_the_o
     topology = build_topology("ring", n)
     W = torch.tensor(topology.matrix(0))
     fixed = lr * torch.linalg.solve(torch.eye(n, dtype=torch.float64) - (1 - lr) * W, W @ B)
-    X = drive(Decentralized(topology), X0.clone(), B, 600, lr)
+    X = drive(Gossip(GossipState(topology)), X0.clone(), B, 600, lr)
     close(X, fixed, 1e-12)
     assert (fixed - B.mean(0)).abs().max() > 0.1
     tracking = GradientTracking(topology, torch.zeros_like(X0), torch.zeros_like(X0))
@@ -218,7 +220,7 @@ def test_quasi_global_momentum_buffer_is_the_ema_of_the_model_change(nesterov):
     run.optimizer.step(X, G, lr)
     run.schedule.after_step(run.engine, X, step)
     m = beta * m0 + g
-    W = torch.tensor(run.schedule.topology.matrix(0))
+    W = torch.tensor(gossip_state(run.schedule).topology.matrix(0))
     close(X, W @ (x0 - lr * (g + beta * m if nesterov else m)), 1e-12)
     close(buffer, beta * m0 + (1 - beta) * (x0 - X) / lr, 1e-12)
 

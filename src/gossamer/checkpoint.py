@@ -18,7 +18,7 @@ import torch
 
 from .registry import ConfigError
 
-FORMAT = 1
+FORMAT = 2  # 2: schedules' state explicit (phases, local steps since a start, gossip's counters)
 RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger", "sharpness",
                   "sharpness_samples", "sharpness_iterations")
 """Keys a resumed run may change: its length, how it logs and what it measures, nothing that

@@ -267,19 +267,19 @@ def _sign(param, numels, dtype, seed, contractive) -> SignCodec:
     return SignCodec(numels, seed, dtype)
 
 
-@CODECS.register("top-k", spec="top-k:F", takes="required",
+@CODECS.register("top-k", spec="top-k:F", takes="required", example=("0.1",),
                  help="the ⌈F·numel⌉ largest entries of each tensor: int32 index + float32 value each")
 def _top_k(param, numels, dtype, seed, contractive) -> TopK:
     return TopK(numels, parse_fraction("top-k", param), dtype)
 
 
-@CODECS.register("random-k", spec="random-k:F", takes="required",
+@CODECS.register("random-k", spec="random-k:F", takes="required", example=("0.2",),
                  help="⌈F·numel⌉ coordinates per tensor from a shared seed (no indices sent), unbiased")
 def _random_k(param, numels, dtype, seed, contractive) -> RandomK:
     return RandomK(numels, parse_fraction("random-k", param), seed, contractive, dtype)
 
 
-@CODECS.register("qsgd", spec="qsgd:S", takes="required",
+@CODECS.register("qsgd", spec="qsgd:S", takes="required", example=("4",),
                  help="stochastic quantisation to S levels + a float32 norm per tensor, unbiased (Alistarh et al.)")
 def _qsgd(param, numels, dtype, seed, contractive) -> QSGD:
     try:

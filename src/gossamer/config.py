@@ -30,7 +30,7 @@ from .engines import ENGINES
 from .models import MODELS
 from .network import NetworkConfig, check_compute
 from .optim import OPTIMIZERS
-from .registry import ConfigError, Registry
+from .registry import ConfigError, Registry, positive_ints
 from .workers import GRAD_BACKENDS
 
 __all__ = ["Config", "ConfigError", "KINDS", "from_dict", "load_config", "parse_override"]
@@ -108,9 +108,9 @@ class Config:
         raise AttributeError(f"config has no key '{name}' (neither a general key nor an option of {chosen})")
 
     def validate(self) -> Config:
-        _positive_int(self, "workers", "epochs", "batch_size", "eval_every", "metrics_every", "sharpness_iterations")
+        positive_ints(self, "workers", "epochs", "batch_size", "eval_every", "metrics_every", "sharpness_iterations")
         if self.sharpness_samples is not None:
-            _positive_int(self, "sharpness_samples")
+            positive_ints(self, "sharpness_samples")
         for name in ("sharpness_samples", "sharpness_iterations"):
             if not self.sharpness and getattr(self, name) != getattr(Config, name):
                 raise ConfigError(f"{name} applies only with sharpness: true")
@@ -176,12 +176,6 @@ def _fields(cls) -> list[dataclasses.Field]:
 
 def _field_names(options) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(options))
-
-
-def _positive_int(cfg: Config, *names: str) -> None:
-    for name in names:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name} must be a positive integer, got {getattr(cfg, name)}")
 
 
 def _choice(cfg: Config, name: str, allowed: tuple[str, ...]) -> None:

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
-from .registry import ConfigError
+from .registry import ConfigError, positive_ints
 
 if TYPE_CHECKING:
-    from .algorithms import Step
+    from .algorithms.schedule import Step
 
 ON_BUDGET = ("allreduce", "continue")
 MEASURES = ("exact", "estimate")
@@ -80,8 +80,7 @@ class ConsensusConfig:
             raise ConfigError(f"unknown consensus.on_budget '{self.on_budget}'; choose one of: {', '.join(ON_BUDGET)}")
         if not 0 <= self.ema < 1:
             raise ConfigError(f"consensus.ema must be in [0, 1), got {self.ema}")
-        if self.max_local_steps < 1:
-            raise ConfigError(f"consensus.max_local_steps must be a positive integer, got {self.max_local_steps}")
+        positive_ints(self, "max_local_steps", prefix="consensus.")
         defaults = ConsensusConfig()
         owned = {"rounds": ("max_extra_rounds", "on_budget"), "frequency": ("max_local_steps",)}
         for action, keys in owned.items():
@@ -99,13 +98,6 @@ class ConsensusConfig:
     def reference_run(self) -> str | None:
         """DIR of a ``run:DIR`` target, else None."""
         return self.target.removeprefix("run:") if self.target.startswith("run:") else None
-
-
-def ema_factor(cfg) -> float:
-    """β of the EMA of φ_t² that the metric rows report and the ``gradient`` target follows:
-    ``consensus.ema`` where the algorithm has a consensus section, else its default."""
-    consensus = getattr(cfg.options["algorithm"], "consensus", None)
-    return (consensus or ConsensusConfig()).ema
 
 
 def ema(values: list[float], beta: float) -> list[float]:
@@ -204,8 +196,8 @@ class FrequencyControl:
     round) adapts so that Ξ stays under the target, within [1, ``max_local_steps``].
 
     At every gossip round of a controlled phase, just before the round — when Ξ is at its largest
-    of the period, after H_t local steps — Ξ is probed (an all-reduce of d values, measurement
-    traffic) and compared with target_t; the next period is
+    of the period, after H_t local steps — Ξ is probed (:meth:`probe`: an all-reduce of d values,
+    measurement traffic) and compared with target_t; the next period is
 
         H ← max(1, ⌊H / 2⌋)                 if Ξ > target                 (too far apart: halve),
         H ← min(max_local_steps, H + 1)      if Ξ² ≤ target² · H / (H + 1)  (room for one more step),
@@ -220,18 +212,21 @@ class FrequencyControl:
     round every step); an unreachable target lengthens H by one per round up to the maximum.
 
     Rounds saved are counted against a fixed period H = ``fixed`` (the configured
-    ``local_steps``) over the same controlled steps: ``fixed_since`` is that schedule's count of
-    local steps since its last round (both schedules start counting after an all-reduce).
+    ``local_steps``) over the same controlled steps (:meth:`rounds_saved`).
     """
 
     target: Callable[[Step], float]
     fixed: int
     max_local_steps: int
     period: int = field(init=False)  # H_t, from H_0 = fixed
-    fixed_since: int = 0
+    xi_sq: float = 0.0  # Ξ² probed just before this step's round
 
     def __post_init__(self) -> None:
         self.period = self.fixed
+
+    def probe(self, engine, X: torch.Tensor) -> None:
+        """Ξ² just before the round."""
+        self.xi_sq = engine.consensus_distance_sq(X)
 
     def adapt(self, xi_sq: float, target: float) -> None:
         """The next period, from Ξ² just before the round and the step's target."""
@@ -240,17 +235,14 @@ class FrequencyControl:
         elif xi_sq * (self.period + 1) <= target**2 * self.period:
             self.period = min(self.max_local_steps, self.period + 1)
 
-    def rounds_saved(self, communicated: bool, controlled: bool) -> int:
-        """Advance the fixed-period schedule by one decentralized step; the rounds this step saved
-        against it (+1: it would have gossiped and we did not, −1: the reverse) if ``controlled``."""
-        self.fixed_since += 1
-        fixed_round = self.fixed_since >= self.fixed
-        if fixed_round:
-            self.fixed_since = 0
-        return int(fixed_round) - int(communicated) if controlled else 0
+    def rounds_saved(self, communicated: bool, steps: int) -> int:
+        """The rounds this step saved against the fixed-period schedule (+1: it would have gossiped
+        and we did not, −1: the reverse); ``steps``: decentralized steps since the models were
+        last identical, this one included (both schedules count from there)."""
+        return int(steps % self.fixed == 0) - int(communicated)
 
     def state_dict(self) -> dict:
-        return {"period": self.period, "fixed_since": self.fixed_since}
+        return {"period": self.period}
 
     def load_state_dict(self, state: dict) -> None:
-        self.period, self.fixed_since = int(state["period"]), int(state["fixed_since"])
+        self.period = int(state["period"])

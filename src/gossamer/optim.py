@@ -119,17 +119,17 @@ class AdamOptions:
             raise ConfigError(f"adam_eps must be > 0, got {self.adam_eps}")
 
 
-@OPTIMIZERS.register("sgd", options=SGDOptions, help="SGD with local momentum (Nesterov by default)")
+@OPTIMIZERS.register("sgd", options=SGDOptions, example=("momentum=0.9",), help="SGD with local momentum (Nesterov by default)")
 def _sgd(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> SGD:
     return SGD(X, cfg.momentum, cfg.nesterov, decay)
 
 
-@OPTIMIZERS.register("adam", options=AdamOptions, help="Adam with L2 weight decay, local moments")
+@OPTIMIZERS.register("adam", options=AdamOptions, example=("lr=0.003",), help="Adam with L2 weight decay, local moments")
 def _adam(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> Adam:
     return Adam(X, tuple(cfg.adam_betas), cfg.adam_eps, decay)
 
 
-@OPTIMIZERS.register("adamw", options=AdamOptions, help="AdamW (decoupled weight decay), local moments")
+@OPTIMIZERS.register("adamw", options=AdamOptions, example=("lr=0.003", "weight_decay=0.01"), help="AdamW (decoupled weight decay), local moments")
 def _adamw(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> Adam:
     return Adam(X, tuple(cfg.adam_betas), cfg.adam_eps, decay, decoupled=True)
 

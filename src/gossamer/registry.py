@@ -19,6 +19,14 @@ class ConfigError(ValueError):
     """Bad input: the message is one line naming the option and what is allowed (CLI: exit 2)."""
 
 
+def positive_ints(options: Any, *names: str, prefix: str = "") -> None:
+    """Refuse any of the named attributes of ``options`` below 1 (``prefix``: the section's name)."""
+    for name in names:
+        value = getattr(options, name)
+        if value < 1:
+            raise ConfigError(f"{prefix}{name} must be a positive integer, got {value}")
+
+
 @dataclass(frozen=True)
 class NoOptions:
     """An entry that owns no config keys."""
@@ -37,6 +45,7 @@ class Entry:
     help: str = ""
     spec: str = ""  # how the name is written when it takes a parameter, e.g. "random-regular[:D]"
     takes: str = "none"  # parameter after the colon: "none", "optional" or "required"
+    example: tuple[str, ...] = ()  # a short use: overrides beside the name, or the parameter ("0.1")
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -52,12 +61,13 @@ class Registry:
         self.entries: dict[str, Entry] = {}
 
     def register(self, name: str, *, options: type = NoOptions, help: str = "", spec: str = "",
-                 takes: str = "none") -> Callable:
-        """Decorator: register the decorated builder under ``name``."""
+                 takes: str = "none", example: tuple[str, ...] = ()) -> Callable:
+        """Decorator: register the decorated builder under ``name``. ``example``: how a short run
+        uses it (the tests generated from the registries run every entry that way)."""
         def add(build: Callable) -> Callable:
             if name in self.entries:
                 raise RuntimeError(f"{self.kind} '{name}' registered twice")
-            self.entries[name] = Entry(name, build, options, help, spec or name, takes)
+            self.entries[name] = Entry(name, build, options, help, spec or name, takes, tuple(example))
             return build
         return add
 

@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from .config import Config, ConfigError, read_yaml
+from .checkpoint import FORMAT
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "checkpoint.pt")
@@ -225,10 +226,15 @@ def load_checkpoint(path: str | Path) -> dict:
         raise ConfigError(f"--resume '{_short(path)}': no checkpoint.pt there (not a gossamer run, or it "
                           f"stopped before its first checkpoint)")
     try:
-        return torch.load(file, map_location="cpu", weights_only=True)
+        state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated or foreign file
         raise ConfigError(f"--resume '{_short(path)}': checkpoint.pt cannot be read ({str(e).splitlines()[0][:100]})") \
             from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else None
+        raise ConfigError(f"--resume '{_short(path)}': checkpoint.pt is of format {found}, this gossamer reads "
+                          f"format {FORMAT} (schedules' state changed); start the run again")
+    return state
 
 
 def saved_config(path: str | Path) -> dict:

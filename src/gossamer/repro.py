@@ -416,7 +416,7 @@ def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str
                  *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
                  _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
                  _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
-                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
+                 _mean_std([s.get("extra_gossip_rounds", 0) for s in runs], "{:.0f}"),
                  *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
     if suite.estimate_pairs:
@@ -504,7 +504,7 @@ def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, 
     for name in kong:
         runs = summaries[name]
         cells = [name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
-                 _mean_std([s["extra_gossip_rounds"] for s in runs], "{:.0f}"),
+                 _mean_std([s.get("extra_gossip_rounds", 0) for s in runs], "{:.0f}"),
                  _to_target(at_target[name], "sim_seconds", "{:.3f}"),
                  _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
                  _mean_std([s["sim_seconds_comm"] for s in runs], "{:.3f}"),

@@ -21,10 +21,9 @@ import torch
 from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
 
-from .algorithms import Context, Schedule, Step, build_schedule
+from .algorithms import Context, Schedule, begin_step, build_schedule
 from .checkpoint import capture, restore
 from .config import Config, ConfigError
-from .consensus import ema_factor
 from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
 from .engines import Engine, build_engine
@@ -87,8 +86,6 @@ class Progress:
     """What the loop carries from step to step besides the run's state."""
 
     grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
-    extra_gossip_rounds: int = 0
-    gossip_rounds_saved: int = 0  # by frequency control, against its fixed period
     sim_seconds: float = 0.0  # simulated time (with a network): compute + communication
     sim_seconds_comm: float = 0.0  # ... of which communication not hidden by compute
     steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
@@ -258,17 +255,9 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     w, e, cfg = run.workers, run.engine, run.cfg
     timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
     losses = timed(w.loss_and_grad, x, y)
-    phi_sq = None
-    if measure:
-        phi_sq = e.mean_scalar(w.G.square().sum(1))  # φ_t² = (1/n) Σ_i ‖g_i‖², before any averaging
-        ema, beta = progress.grad_norm_sq_ema, ema_factor(cfg)
-        progress.grad_norm_sq_ema = phi_sq if ema is None else beta * ema + (1 - beta) * phi_sq
-    step = Step(t, lr, phi_sq or 0.0, progress.grad_norm_sq_ema or 0.0, measure)
-    run.schedule.on_gradients(e, w.X, w.G, step)
+    step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema, measure)
     timed(run.optimizer.step, w.X, w.G, lr)
     metrics = run.schedule.after_step(e, w.X, step)
-    progress.extra_gossip_rounds += metrics.get("extra_gossip_rounds", 0)
-    progress.gossip_rounds_saved += metrics.get("gossip_rounds_saved", 0)
     if not measure:
         return metrics
     loss = e.mean_scalar(losses)
@@ -278,7 +267,7 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     return {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr, "loss": loss,
             "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
             "bytes_per_worker": e.comm.bytes_per_worker,
-            "grad_norm_sq": phi_sq, "grad_norm_sq_ema": progress.grad_norm_sq_ema, **metrics}
+            "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **metrics}
 
 
 def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = lambda row: None,
@@ -341,14 +330,12 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             raise Interrupted(t + 1)
     bar.close()
     final = {k: v for k, v in row.items() if k.startswith("test_") or k == "sharpness"}
-    frequency = getattr(cfg, "consensus", None) and cfg.consensus.action == "frequency"
     return {
         **final,
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
         **e.comm.summary(),
-        "extra_gossip_rounds": state.extra_gossip_rounds,
-        **({"gossip_rounds_saved": state.gossip_rounds_saved} if frequency else {}),
+        **run.schedule.counters(),
         "steps": cfg.epochs * S,
         "parameters": w.d,
         **({"bn_eval": cfg.bn_eval} if cfg.bn_eval else {}),

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..registry import ConfigError
+from ..registry import ConfigError, positive_ints
 from .base import DATASETS, Dataset
 from .files import FileOptions, Remote, fetch, missing
 
@@ -49,10 +49,7 @@ class TextOptions(FileOptions):
         if self.data_dir is not None and self.corpus != "tiny-shakespeare":
             raise ConfigError(f"data_dir applies to text: tiny-shakespeare (a downloaded corpus), not to "
                               f"{'text_file' if self.text_file else self.corpus}")
-        if self.context < 1:
-            raise ConfigError(f"context must be a positive integer, got {self.context}")
-        if self.text_chars is not None and self.text_chars < 1:
-            raise ConfigError(f"text_chars must be a positive integer, got {self.text_chars}")
+        positive_ints(self, "context", *(["text_chars"] if self.text_chars is not None else []))
         if self.vocabulary is not None and len(set(self.vocabulary)) != len(self.vocabulary):
             raise ConfigError("vocabulary must not repeat a character")
 

@@ -5,8 +5,8 @@ the simulator, a block of n/P in each of P processes) and moves data between wor
 implements only the primitives, each the minimum a real network must do:
 
 - ``_group_mean_(X, size)``: rows of each group of ``size`` consecutive workers ← their mean;
-- ``_mixed(X, mixing)``: W X for the rows held here (neighbours' rows exchanged, then combined
-  by :func:`mix_rows`), into a buffer, X unchanged;
+- ``_mixed(X, mixing)``: W X for the rows held here (neighbours' rows exchanged, then
+  combined by :func:`combine`), into a buffer, X unchanged;
 - ``_exchange(payload, mixing)``: each local worker's messages from the workers in its slots of
   W (its neighbours; slot 0 itself), [m, K, ...]: what a worker needs to keep copies of them;
 - ``_all_gather(payload, size)``: every member's byte message of each group that holds rows here;
@@ -22,6 +22,7 @@ once for every engine. Engines know nothing of algorithms, codecs or files.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -30,16 +31,16 @@ from ..topology import Mixing
 from .stats import BYTES_PER_VALUE, METRICS, CommStats
 
 
-def mix_rows(source: torch.Tensor, index: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Neighbour-slot gossip combine: out_i = sum_k weight[k, i] * source[index[k, i]].
+def combine(parts: Iterable[torch.Tensor], weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """The gossip combine in neighbour-slot form: Σ_k weight[k] ⊙ parts[k], in slot order.
 
-    ``index`` [K, m] addresses rows of ``source``; ``weight`` is [K, m, 1]. Slot 0 is the worker
-    itself. The sim engine passes all rows as ``source``; the dist engine its own rows followed
-    by the rows received from neighbours, with ``index`` remapped to that order.
-    """
-    out = source[index[0]] * weight[0]
-    for k in range(1, index.shape[0]):
-        out.addcmul_(source[index[k]], weight[k])
+    ``parts`` are K tensors [m, d] (slot 0: the worker itself), taken one at a time (a generator
+    may fill one buffer for each); ``weight`` is [K, m, 1]. Every engine and CHOCO-SGD's copies
+    use it, so their products and sums are the same, in the same order."""
+    parts = iter(parts)
+    out = torch.mul(next(parts), weight[0], out=out)
+    for k, part in enumerate(parts, 1):
+        out.addcmul_(part, weight[k])
     return out
 
 

@@ -10,7 +10,7 @@ counts and metrics of :class:`~gossamer.engines.base.Engine` are the simulator's
   process subgroup (created once per block size, in the same order on every rank, as
   ``dist.new_group`` requires);
 - gossip: the rows that neighbours need, point to point (``batch_isend_irecv``, one message per
-  peer process), then the simulator's combine ``mix_rows`` with source = own rows followed by the
+  peer process), then the simulator's :func:`~gossamer.engines.base.combine` over own rows followed by the
   received rows; ``sent`` counts what this process actually sent; a neighbour exchange of
   messages (CHOCO-SGD's compressed changes) moves the same rows of its payload instead;
 - all-gather of byte messages: ``all_gather`` inside each group spanning processes;
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from ..topology import Mixing
-from .base import Engine, Gathered, mix_rows
+from .base import Engine, Gathered, combine
 from .failures import PeerLost, Watchdog
 
 
@@ -136,7 +136,8 @@ class DistEngine(Engine):
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Receive the rows this block's workers mix in, then combine: W X for the local rows."""
         index, weight = self._gossip_plan(mixing, X)
-        return mix_rows(self._with_neighbours(X, mixing), index, weight)
+        source = self._with_neighbours(X, mixing)
+        return combine((source[index[k]] for k in range(index.shape[0])), weight)
 
     def _exchange(self, payload: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Receive the messages of the workers in the local workers' slots; each worker's, in slot order."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..topology import Mixing
-from .base import Engine, Gathered
+from .base import Engine, Gathered, combine
 
 
 def _group_mean_(X: torch.Tensor, group: int) -> None:
@@ -15,7 +15,7 @@ def _group_mean_(X: torch.Tensor, group: int) -> None:
 
 
 def _mix_shifts(X: torch.Tensor, shifts: list[int], weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """mix_rows(X, index, weight) for index[k, i] = (i + shifts[k]) mod n, without gathers:
+    """W X for index[k, i] = (i + shifts[k]) mod n, without gathers:
     row block [0, n − s) reads X[s:], the rest X[:s]. Same products and sums in the same order."""
     n = X.shape[0]
     torch.mul(X.roll(-shifts[0], 0) if shifts[0] else X, weight[0], out=out)
@@ -30,12 +30,9 @@ def _mix_shifts(X: torch.Tensor, shifts: list[int], weight: torch.Tensor, out: t
 
 def _mix_gathers(X: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
                  gathered: torch.Tensor) -> torch.Tensor:
-    """mix_rows(X, index, weight) into preallocated ``out``, gathering into ``gathered`` (no
-    allocation per slot and step). Same products and sums in the same order."""
-    torch.mul(torch.index_select(X, 0, index[0], out=gathered), weight[0], out=out)
-    for k in range(1, index.shape[0]):
-        out.addcmul_(torch.index_select(X, 0, index[k], out=gathered), weight[k])
-    return out
+    """W X into preallocated ``out``, gathering each slot's rows into ``gathered`` (no allocation
+    per slot and step)."""
+    return combine((torch.index_select(X, 0, index[k], out=gathered) for k in range(index.shape[0])), weight, out)
 
 
 class SimEngine(Engine):

@@ -12,8 +12,9 @@ Construct one after the model and its optimizer; it registers step hooks on the 
         optimizer.step()                             # + gradient mean before, model sync after
 
 Process r is worker r of the n processes of ``group`` (default: all). The schedules are the
-simulator's own (:mod:`gossamer.algorithms`) over a :class:`~gossamer.engines.dist.DistEngine`
-holding one row: the model's parameters are re-pointed at views into one flat row X [1, d] (and
+simulator's own (:mod:`gossamer.algorithms`) over an engine holding one row (``engine``: by
+default a :class:`~gossamer.engines.dist.DistEngine` on ``group``; a
+:class:`~gossamer.engines.threads.ThreadedSim`'s runs n models in n threads of one process): the model's parameters are re-pointed at views into one flat row X [1, d] (and
 their gradients, when a schedule averages them, into G), so averaging, gossip and the outer step
 are row operations on X with no copy per step. The same options, seed and data order give the
 parameters that ``gossamer train --set engine=sim`` gives (tests/test_integrations.py, float64).
@@ -36,9 +37,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..algorithms import Context, Step, build_schedule
+from ..algorithms import Context, begin_step, build_schedule
+from ..algorithms.gossip import gossip_state, local_estimate
 from ..config import from_dict
-from ..consensus import ConsensusConfig
+from ..engines.base import Engine
 from ..engines.dist import DistEngine, env_world_size
 from ..engines.stats import CommStats
 from ..registry import ConfigError
@@ -53,13 +55,15 @@ class Synchronizer:
     ``buffers``: ``local`` (floating buffers such as BatchNorm statistics stay each worker's own,
     as in the papers) or ``average`` (averaged — or gossiped — whenever the parameters are).
     Every method that communicates is a collective: call it on every rank, at the same step.
+    ``engine``: an engine holding this worker's row (default: a ``DistEngine`` on ``group``, made
+    here and closed by :meth:`close`; one passed in belongs to the caller).
     """
 
     algorithm = ""
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, options: dict, *,
                  buffers: str = "local", group=None, dist_backend: str = "auto", dist_timeout: float = 60.0,
-                 reference: list[float] | None = None):
+                 reference: list[float] | None = None, engine: Engine | None = None):
         if buffers not in BUFFER_POLICIES:
             raise ConfigError(f"unknown buffers '{str(buffers)[:100]}'; choose one of: {', '.join(BUFFER_POLICIES)}")
         ddp = model if isinstance(model, DistributedDataParallel) else None
@@ -70,7 +74,9 @@ class Synchronizer:
         kinds = {(p.dtype, p.device) for _, p in named}
         if len(kinds) > 1:
             raise ConfigError(f"all parameters must share one dtype and device, got {sorted(map(str, kinds))}")
-        n = env_world_size(group)
+        if engine is not None and engine.m != 1:
+            raise ConfigError(f"engine must hold one worker's row (one model per worker), got {engine.m} rows")
+        n = engine.n if engine is not None else env_world_size(group)
         self.cfg = from_dict({"workers": n, "algorithm": self.algorithm, "engine": "dist",
                               "dist_backend": dist_backend, "dist_timeout": dist_timeout, **options})
         self.optimizer = optimizer
@@ -94,31 +100,31 @@ class Synchronizer:
         self.optimizer_rows: dict[str, torch.Tensor] = {}  # per-parameter optimizer state as rows, once it exists
         self._optimizer_row_list: list[torch.Tensor] = []  # the schedule's optimizer_rows, filled at step 1
         context = Context(self.X, [s.numel for s in self.slots], self._optimizer_row_list, steps_per_epoch=1,
-                          reference=reference, buffer_rows=buffer_rows)
-        self.schedule = self._build_schedule(context)  # every local check before the first collective
-        self.engine = DistEngine(n, dist_backend, dist_timeout, named[0][1].device, group=group)
+                          reference=reference, buffer_rows=buffer_rows, **self._context())
+        self.schedule = build_schedule(self.cfg, context)  # every local check before the first collective
+        self._owns_engine = engine is None
+        self.engine = engine or DistEngine(n, dist_backend, dist_timeout, named[0][1].device, group=group)
         try:
             self._check_identical()
         except BaseException:
-            self.engine.close()
+            self._close_engine()
             raise
         self.schedule.start(self.engine, self.X)
         self.anchor = self.X.clone()  # the model at the last step that ended with a global average
         self.synced = True  # whether the last step ended with a global average (anchor == X)
         self.t = 0  # steps taken
-        self._tracks_gradient_norm = getattr(self.cfg, "consensus", ConsensusConfig()).target == "gradient"
         self.grad_norm_sq_ema: float | None = None
-        self.extra_gossip_rounds = 0
         self.last_metrics: dict = {}  # what the schedule reported for the last step
-        self._step: Step | None = None
+        self._step = None
         self._ddp_averages = ddp is not None and _same_ranks(ddp.process_group, group)
         if self._ddp_averages:
             ddp.register_comm_hook(None, self._ddp_comm_hook)
         self._hooks = [optimizer.register_step_pre_hook(self._before_step),
                        optimizer.register_step_post_hook(self._after_step)]
 
-    def _build_schedule(self, context: Context):
-        return build_schedule(self.cfg, context)
+    def _context(self) -> dict:
+        """What this synchroniser adds to the schedule's :class:`~gossamer.algorithms.Context`."""
+        return {}
 
     # ------------------------------------------------------------------ the step hooks
 
@@ -139,24 +145,19 @@ class Synchronizer:
         return (args[0], closure_then_gradient_stage, *args[2:]), kwargs
 
     def _gradient_stage(self, optimizer) -> None:
-        """φ² when the consensus target follows it, then the schedule's gradient hook (or DDP's
-        all-reduce standing in for it), for the step about to be taken."""
-        t = self.t
+        """The loop's gradient stage (:func:`~gossamer.algorithms.begin_step`: φ² when the schedule
+        tracks it, then its gradient hook — or DDP's all-reduce standing in for it) for the step
+        about to be taken."""
         self._global_rounds = self.engine.comm.rounds_by_level["global"]
         lr = float(optimizer.param_groups[0]["lr"])
-        averages = self.schedule.averages_gradients(t)
-        phi_sq = 0.0
-        if self._tracks_gradient_norm or (averages and not self._ddp_averages):
+        averages = self.schedule.averages_gradients(self.t)
+        ddp_averaged = averages and self._ddp_averages
+        if self.schedule.tracks_grad_norm or (averages and not ddp_averaged):
             self._bind_gradients()
-        if self._tracks_gradient_norm:  # φ_t² = (1/n) Σ_i ‖g_i‖², before any averaging (the gradient target)
-            phi_sq = self.engine.mean_scalar(self.G.square().sum(1))
-            ema, beta = self.grad_norm_sq_ema, self.cfg.consensus.ema
-            self.grad_norm_sq_ema = phi_sq if ema is None else beta * ema + (1 - beta) * phi_sq
-        self._step = Step(t, lr, phi_sq, self.grad_norm_sq_ema or 0.0, measure=False)
-        if averages and self._ddp_averages:  # DDP's comm hook averaged the gradients during backward
+        self._step, self.grad_norm_sq_ema = begin_step(self.schedule, self.engine, self.X, self.G, self.t, lr,
+                                                       self.grad_norm_sq_ema, measure=False, average=not ddp_averaged)
+        if ddp_averaged:  # DDP's comm hook averaged the gradients during backward
             self.engine.comm.allreduce(self.d, self.engine.n)
-        else:
-            self.schedule.on_gradients(self.engine, self.X, self.G, self._step)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         self._bind_optimizer_state()
@@ -165,7 +166,6 @@ class Synchronizer:
         self.synced = self.engine.comm.rounds_by_level["global"] > self._global_rounds
         if self.synced:
             self.anchor.copy_(self.X)
-        self.extra_gossip_rounds += metrics.get("extra_gossip_rounds", 0)
         self.last_metrics = metrics
         self.t += 1
 
@@ -222,6 +222,11 @@ class Synchronizer:
         return self.engine.mean_scalar((self.X - self.anchor).square().sum(1))
 
     @property
+    def extra_gossip_rounds(self) -> int:
+        """Gossip rounds that consensus control added so far (0 for other algorithms)."""
+        return self.schedule.counters().get("extra_gossip_rounds", 0)
+
+    @property
     def comm(self) -> CommStats:
         """The algorithm's communication so far, per worker, counted as in ``summary.json``."""
         return self.engine.comm
@@ -243,7 +248,7 @@ class Synchronizer:
         every rank saves its own, with its model's and optimizer's ``state_dict``)."""
         return {"algorithm": self.algorithm, "workers": self.engine.n, "step": self.t,
                 "schedule": self.schedule.state_dict(), "comm": self.comm.state_dict(), "anchor": self.anchor,
-                "grad_norm_sq_ema": self.grad_norm_sq_ema, "extra_gossip_rounds": self.extra_gossip_rounds}
+                "grad_norm_sq_ema": self.grad_norm_sq_ema}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` (step counter included), after loading the model's and
@@ -256,7 +261,6 @@ class Synchronizer:
         self.comm.load_state_dict(state["comm"])
         self.anchor.copy_(state["anchor"])
         self.grad_norm_sq_ema = state["grad_norm_sq_ema"]
-        self.extra_gossip_rounds = int(state["extra_gossip_rounds"])
 
     def average_parameters_(self) -> None:
         """Every worker's model ← x̄ now (e.g. before evaluating or saving the consensus model)."""
@@ -268,7 +272,11 @@ class Synchronizer:
         """Remove the optimizer hooks; stop the engine (and the process group if it created one)."""
         for handle in self._hooks:
             handle.remove()
-        self.engine.close()
+        self._close_engine()
+
+    def _close_engine(self) -> None:
+        if self._owns_engine:
+            self.engine.close()
 
     def __enter__(self):
         return self
@@ -299,7 +307,7 @@ class LocalSGD(Synchronizer):
     ``switch_step`` t′: post-local SGD — gradients averaged every step before t′ (mini-batch SGD,
     what DDP does), local SGD from t′ on. ``block_size``/``block_rounds``: hierarchical local SGD
     — every H steps the average inside blocks of ``block_size`` consecutive ranks (a node), every
-    ``block_rounds``-th time the global one. ``compression``: ``sign`` or ``ef-sign`` messages.
+    ``block_rounds``-th time the global one. ``compression``: any codec (``sign``, ``ef-top-k:0.01``, ...).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, local_steps: int = 1, *,
@@ -339,23 +347,23 @@ class Gossip(Synchronizer):
         if isinstance(target, str) and target.startswith("run:"):
             from ..report import read_trajectory
 
-            reference = read_trajectory(target.removeprefix("run:"), {"workers": env_world_size(kwargs.get("group"))})
+            engine = kwargs.get("engine")
+            workers = engine.n if engine is not None else env_world_size(kwargs.get("group"))
+            reference = read_trajectory(target.removeprefix("run:"), {"workers": workers})
         super().__init__(model, optimizer, options, reference=reference, **kwargs)
 
-    def _build_schedule(self, context: Context):
-        schedule = super()._build_schedule(context)
-        schedule.keep_change = True  # each round's local change: the cheap estimate
-        return schedule
+    def _context(self) -> dict:
+        return {"keep_change": True}  # each round's local change: the cheap estimate
 
     def _estimate(self) -> float:
         """The bound Ξ ≤ (2/p)Θ of the last step's gossip round (Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖²,
         what workers compute from the models they received), squared; the base bound after a step
         that ended with a global average or without a round."""
-        change, mixing = self.schedule.change, self.schedule.mixing
-        if change is None or self.synced:
+        state = gossip_state(self.schedule)
+        if state.change is None or self.synced:
             return super()._estimate()
-        theta_sq = self.engine.mean_scalar(change)
-        return (2 / mixing.p) ** 2 * theta_sq if mixing.p > 0 else math.inf
+        bound = local_estimate(self.engine.mean_scalar(state.change), state.mixing)["consensus_distance_bound"]
+        return math.inf if bound is None else bound**2
 
 
 class DiLoCo(Synchronizer):
@@ -379,10 +387,8 @@ class DiLoCo(Synchronizer):
         self.outer_optimizer = outer_optimizer
         super().__init__(model, inner_optimizer, {"local_steps": local_steps}, **kwargs)
 
-    def _build_schedule(self, context: Context):
-        schedule = super()._build_schedule(context)
-        schedule.outer = _TorchOuter(self)  # the user's outer optimizer instead of the CLI's OuterSGD
-        return schedule
+    def _context(self) -> dict:
+        return {"outer_optimizer": _TorchOuter(self)}  # the user's outer optimizer instead of the CLI's OuterSGD
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "outer_optimizer": self.outer_optimizer.state_dict()}

@@ -12,7 +12,7 @@ from gossamer.models.cnn1d import CNN1D
 from gossamer.models.mlp import MLP
 from gossamer.models.resnet20 import NORMS, ResNet20
 from gossamer.models.transformer import CharTransformer
-from gossamer.registry import ConfigError, Registry
+from gossamer.registry import ConfigError, Registry, positive_ints
 
 MODELS = Registry("model")
 
@@ -62,9 +62,7 @@ class TransformerOptions:
     width: int = 128  # model dimension; heads divide it
 
     def validate(self, cfg) -> None:
-        for name in ("layers", "heads", "width"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {getattr(self, name)}")
+        positive_ints(self, "layers", "heads", "width")
         if self.width % self.heads:
             raise ConfigError(f"heads must divide width: {self.heads} does not divide {self.width}")
 

@@ -1,0 +1,17 @@
+"""Communication schedules, one module per family; each algorithm's class, options, builder and
+docstring sit together there, registered in :data:`ALGORITHMS` under the one name that the
+config, the summary and the hooks use.
+
+- :mod:`.schedule`: the :class:`Schedule` protocol, :class:`Step`, :class:`Context`,
+  :class:`Phases` (sub-schedules switched at steps) and :func:`begin_step` (the loop's and the
+  hooks' gradient stage);
+- :mod:`.local`: ``allreduce``, ``local``, ``post-local``, ``hierarchical`` (Lin et al.);
+- :mod:`.gossip`: ``gossip`` — D-SGD by phase, consensus control, quasi-global momentum (Kong et al.);
+- :mod:`.peer`: ``choco``, ``sgp``, ``gradient-tracking``;
+- :mod:`.diloco`: ``diloco``.
+"""
+
+from . import diloco, gossip, local, peer  # noqa: F401  (each registers its algorithms)
+from .schedule import ALGORITHMS, Context, Phases, Schedule, Step, begin_step, build_schedule
+
+__all__ = ["ALGORITHMS", "Context", "Phases", "Schedule", "Step", "begin_step", "build_schedule"]

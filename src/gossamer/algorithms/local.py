@@ -1,0 +1,216 @@
+"""The local SGD family (Lin et al., ICLR 2020): mini-batch SGD, local SGD, post-local SGD,
+hierarchical local SGD, each with exact or compressed averaging.
+
+- ``allreduce`` (:class:`AllReduce`): gradients averaged every step, a global batch of n·B.
+- ``local`` (:class:`LocalSGD`): H local steps, then the average of the models.
+- ``post-local``: :class:`AllReduce` until the switch step t′, then :class:`LocalSGD` (two
+  :class:`~gossamer.algorithms.schedule.Phases`).
+- ``hierarchical``: :class:`LocalSGD` with blocks: every H steps the average inside each block
+  of consecutive workers (a node), every H_b-th time the global one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..codecs import Compressor, build_compressor, check_spec
+from ..registry import ConfigError, positive_ints
+from .schedule import ALGORITHMS, Context, Schedule, Step, phased, shared_rows
+
+
+@dataclass
+class ModelSync:
+    """Averages the models of a group (all n workers, or a block), exactly or compressed.
+
+    Exact: x_i ← mean of the group, and the same for each ``shared_state`` tensor (optimizer
+    state or buffers, when they are averaged with the parameters; always exactly, also when the
+    parameters travel compressed). Compressed (Lin et al.): each worker sends
+    C(Δ_i), Δ_i = x_i − x_ref (+ e_i with error feedback, kept by the level's compressor), x_ref
+    the group's model at its last sync at that level; then x_i ← x_ref + mean_group C(Δ_j). The
+    messages are all-gathered (they cannot be summed on the way). A global sync also resets the
+    block reference. The references are taken by :meth:`start` (identical models); they and the
+    residuals are the state.
+    """
+
+    compression: str = "none"  # none, or a codec spec (sign, ef-top-k:0.01, ...)
+    numels: list[int] = field(default_factory=list)
+    shared_state: list[torch.Tensor] = field(default_factory=list)
+    seed: int = 0  # of random codecs' draws
+    levels: tuple[str, ...] = ("global",)
+    like: torch.Tensor | None = None  # rows shaped like the parameters (to build the compressors)
+    ref: dict[str, torch.Tensor] = field(default_factory=dict)
+    compressors: dict[str, Compressor] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.compression != "none":
+            self.compressors = {level: build_compressor(self.compression, self.numels, self.like, self.seed)
+                                for level in self.levels}
+
+    def start(self, X: torch.Tensor) -> None:
+        """Take X (identical rows) as the reference of every level."""
+        if self.compression != "none":
+            self.ref = {level: X.clone() for level in self.levels}
+
+    def __call__(self, engine, X: torch.Tensor, round: int, block_size: int | None = None) -> None:
+        """Average X at step ``round`` (which numbers random codecs' draws)."""
+        level = "block" if block_size else "global"
+        exact = (X, *self.shared_state) if self.compression == "none" else self.shared_state
+        for rows in exact:
+            engine.block_mean_(rows, block_size) if block_size else engine.allreduce_mean_(rows)
+        if self.compression == "none":
+            return
+        compressor = self.compressors[level]
+        messages = engine.all_gather(compressor.compress(X - self.ref[level], round, engine.rows), block_size)
+        X.copy_(self.ref[level].add_(messages.mean(lambda m: compressor.codec.decode(m, round))))
+        if level == "global":
+            for name, ref in self.ref.items():
+                if name != "global":
+                    ref.copy_(X)
+
+    def state_dict(self) -> dict:
+        rows = {f"ref/{level}": ref for level, ref in self.ref.items()}
+        rows.update({f"residual/{level}": c.residual for level, c in self.compressors.items()
+                     if c.residual is not None})
+        return {"rows": rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in state["rows"].items():
+            kind, level = key.split("/")
+            if kind == "ref":
+                self.ref[level] = value.clone()
+            else:
+                self.compressors[level].residual = value.clone()
+
+
+class AllReduce(Schedule):
+    """Mini-batch SGD (Lin et al.'s baseline): gradients averaged every step, global batch n·B."""
+
+    def averages_gradients(self, t: int) -> bool:
+        return True
+
+    def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
+        engine.allreduce_mean_(G)
+
+
+@dataclass
+class LocalSGD(Schedule):
+    """Local SGD (Lin et al.): H local steps, then the group average (one all-reduce per H steps).
+
+    Counted from its :meth:`start` (the run's, or post-local's switch t′): after every H-th local
+    step the models are averaged. With ``block_size`` it is hierarchical local SGD: the average
+    inside each block of ``block_size`` consecutive workers, and every ``block_rounds``-th time
+    the global average instead (intra-block communication every H steps, global every H·H_b).
+    """
+
+    local_steps: int
+    sync: ModelSync
+    block_size: int | None = None
+    block_rounds: int = 1
+    steps: int = 0  # local steps since start
+
+    def start(self, engine, X: torch.Tensor) -> None:
+        self.steps = 0
+        self.sync.start(X)
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        self.steps += 1
+        if self.steps % self.local_steps:
+            return {}
+        sync_round = self.steps // self.local_steps
+        if self.block_size and sync_round % self.block_rounds:
+            self.sync(engine, X, step.t, self.block_size)
+        else:
+            self.sync(engine, X, step.t)
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, **self.sync.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        self.sync.load_state_dict(state)
+
+
+# ---------------------------------------------------------------- options and builders
+
+
+@dataclass
+class LocalOptions:
+    local_steps: int = 1  # H: local steps between averages
+    compression: str = "none"  # or a codec: sign, ef-sign, ...
+
+    def validate(self, cfg) -> None:
+        positive_ints(self, "local_steps")
+        if self.compression != "none":
+            check_spec(self.compression)
+            if cfg.average_optimizer_state:
+                raise ConfigError("average_optimizer_state: true needs compression: none")
+
+
+@dataclass
+class PostLocalOptions(LocalOptions):
+    switch_epoch: float | None = None  # t′ in epochs; None: the first lr milestone
+    switch_step: int | None = None  # t′ in steps instead
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if self.switch_epoch is not None and self.switch_step is not None:
+            raise ConfigError("give post-local's switch as switch_epoch or switch_step, not both")
+        if self.switch_epoch is None and self.switch_step is None and not cfg.milestones:
+            raise ConfigError("post-local needs switch_epoch, switch_step or a learning-rate milestone")
+        if (self.switch_epoch or 0) < 0 or (self.switch_step or 0) < 0:
+            raise ConfigError("switch_epoch and switch_step must be >= 0")
+
+
+@dataclass
+class HierarchicalOptions(LocalOptions):
+    block_size: int = 1  # consecutive workers per block
+    block_rounds: int = 1  # H_b: block averages per global average
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        positive_ints(self, "block_size", "block_rounds")
+        if cfg.workers % self.block_size:
+            raise ConfigError(f"block_size must divide workers: {self.block_size} does not divide {cfg.workers}")
+
+
+def switch_step(cfg, steps_per_epoch: int) -> int:
+    """Post-local SGD's switch step t′: switch_step, switch_epoch, or the first milestone."""
+    if cfg.switch_step is not None:
+        return cfg.switch_step
+    epoch = cfg.switch_epoch if cfg.switch_epoch is not None else (cfg.milestones or [0.0])[0]
+    return round(epoch * steps_per_epoch)
+
+
+def _local_sgd(cfg, ctx: Context, block_size: int | None = None, block_rounds: int = 1) -> LocalSGD:
+    levels = ("global", "block") if block_size else ("global",)
+    sync = ModelSync(cfg.compression, ctx.numels, shared_rows(cfg, ctx), cfg.seed, levels, ctx.X)
+    return LocalSGD(cfg.local_steps, sync, block_size, block_rounds)
+
+
+@ALGORITHMS.register("allreduce", help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
+def _allreduce(cfg, ctx: Context) -> AllReduce:
+    return AllReduce()
+
+
+@ALGORITHMS.register("local", options=LocalOptions, example=("local_steps=3",),
+                     help="local SGD: H local steps, then the exact (or compressed) average (Lin et al.)")
+def _local(cfg, ctx: Context) -> LocalSGD:
+    return _local_sgd(cfg, ctx)
+
+
+@ALGORITHMS.register("post-local", options=PostLocalOptions, example=("switch_step=5", "local_steps=2"),
+                     help="post-local SGD: mini-batch SGD until t′, then local SGD (Lin et al.)")
+def _post_local(cfg, ctx: Context) -> Schedule:
+    switch = switch_step(cfg, ctx.steps_per_epoch)
+    local = _local_sgd(cfg, ctx)
+    return phased([AllReduce(), local], [switch], ctx) if switch > 0 else local
+
+
+@ALGORITHMS.register("hierarchical", options=HierarchicalOptions,
+                     example=("block_size=2", "block_rounds=2", "local_steps=2"),
+                     help="hierarchical local SGD: block averages every H steps, global every H·H_b (Lin et al.)")
+def _hierarchical(cfg, ctx: Context) -> LocalSGD:
+    return _local_sgd(cfg, ctx, cfg.block_size, cfg.block_rounds)
