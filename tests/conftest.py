@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 from launch import sets
@@ -36,6 +38,20 @@ def train_final(*overrides: str):
     return summary, run
 
 
+def assert_same_state(a, b, path: str = "state", skip: tuple[str, ...] = ()) -> None:
+    """Two (nested) states equal bit for bit: tensors, keys and values, but the paths in ``skip``."""
+    if path in skip:
+        return
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), path
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), path
+        for key in a:
+            assert_same_state(a[key], b[key], f"{path}.{key}", skip)
+    else:
+        assert a == b, path
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
@@ -55,6 +71,19 @@ def sim_run(tmp_path_factory):
             runs[key] = out
         return runs[key]
     return get
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory):
+    """$GOSSAMER_CACHE in a temporary folder for the session: the suite never writes to the
+    user's cache (~/.cache/gossamer) nor reads what an earlier run left there."""
+    old = os.environ.get("GOSSAMER_CACHE")
+    os.environ["GOSSAMER_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    if old is None:
+        del os.environ["GOSSAMER_CACHE"]
+    else:
+        os.environ["GOSSAMER_CACHE"] = old
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,5 +1,6 @@
 """Post-local, hierarchical, compressed averaging, gossip forms, Adam, DiLoCo: identities."""
 
+import dataclasses
 import json
 
 import pytest
@@ -13,6 +14,7 @@ from gossamer.codecs import SignCodec, pack_bits, unpack_bits
 from gossamer.data.partition import iid_epoch_indices
 from gossamer.engines.sim import SimEngine
 from gossamer.models import build_model
+from gossamer.registry import ConfigError
 from gossamer.train import build_run, train
 
 S = 12  # steps per epoch of the small config (800 samples, 4 workers, batch 16)
@@ -109,6 +111,13 @@ def test_bit_packing_round_trips():
     packed = pack_bits(bits)
     assert packed.dtype == torch.uint8 and packed.shape == (3, 126)
     assert torch.equal(unpack_bits(packed, 1001), bits)
+
+
+def test_build_run_refuses_an_option_set_through_the_python_api_that_the_config_refuses():
+    """dataclasses.replace skips the config's validation; build_run does not."""
+    cfg = dataclasses.replace(small_config("algorithm=diloco"), average_optimizer_state=True)
+    with pytest.raises(ConfigError, match="average_optimizer_state does not apply to algorithm diloco"):
+        build_run(cfg)
 
 
 def test_error_feedback_message_plus_new_residual_is_change_plus_old_residual():

@@ -87,6 +87,7 @@ def test_bad_options_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
     assert not out.exists()  # bad input creates nothing
 
 
+@pytest.mark.slow
 def test_bad_input_from_a_real_process_has_no_traceback():
     proc = subprocess.run([sys.executable, "-m", "gossamer", "train", "--set", "topology=torus",
                            "--set", "workers=7", "--quiet"], capture_output=True, text=True)

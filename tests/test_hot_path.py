@@ -4,7 +4,9 @@
 import pytest
 import torch
 
-from conftest import small_config, write_cifar
+from cases import SHORT, all_cases
+
+from conftest import write_cifar
 from gossamer.config import load_config
 from gossamer.train import Progress, build_run, epoch_indices, train_step
 
@@ -25,23 +27,24 @@ def no_host_reads(monkeypatch):
 def _steps(run, forbid, steps: int = 3):
     e, progress = run.engine, Progress()
     run.schedule.start(e, run.workers.X)
-    idx = epoch_indices(run, 0)
+    S = run.steps_per_epoch
+    idx = [epoch_indices(run, epoch) for epoch in range(-(-steps // S))]  # drawn on the host once per epoch
     forbid()
     for t in range(steps):
-        x, y = run.data.train_batch(idx[t], e.rows, seed=t)
+        x, y = run.data.train_batch(idx[t // S][t % S], e.rows, seed=t)
         train_step(run, progress, x, y, t, lr=0.05, measure=False)
 
 
-@pytest.mark.parametrize("overrides", [
-    ["algorithm=allreduce"],
-    ["algorithm=local", "local_steps=2", "compression=ef-sign"],
-    ["algorithm=post-local", "switch_step=1", "local_steps=1"],
-    ["algorithm=hierarchical", "block_size=2", "local_steps=1", "average_optimizer_state=true"],
-    ["algorithm=gossip", "topology=one-peer-exponential", "phases=[gossip,allreduce]", "phase_epochs=[0.1]"],
-    ["algorithm=diloco", "local_steps=2", "optimizer=adam"],
-])
-def test_schedules_read_nothing_back(no_host_reads, overrides):
-    _steps(build_run(small_config(*overrides, "metrics_every=100")), no_host_reads)
+# every case of tests/cases.py but consensus control, which decides from Ξ (or Θ, φ²) at every
+# step: a host read by design
+HOST_FREE = {name: o for name, o in all_cases().items() if not any(k.startswith("consensus.") for k in o)}
+
+
+@pytest.mark.parametrize("name", list(HOST_FREE))
+def test_schedules_read_nothing_back(no_host_reads, name):
+    """Across a switch and phase boundaries (steps 4..8 of the examples)."""
+    cfg = load_config(None, [*SHORT, *HOST_FREE[name], "metrics_every=100"])
+    _steps(build_run(cfg), no_host_reads, steps=10)
 
 
 def test_augmented_images_and_tokens_read_nothing_back(no_host_reads, tmp_path):

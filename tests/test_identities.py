@@ -16,7 +16,7 @@ from gossamer.train import build_run, lr_at, train
 def test_local_sgd_with_h1_equals_allreduce():
     _, local = train_final("algorithm=local", "local_steps=1")
     _, allreduce = train_final("algorithm=allreduce")
-    torch.testing.assert_close(local.workers.X, allreduce.workers.X, atol=1e-6, rtol=0)
+    torch.testing.assert_close(local.workers.X, allreduce.workers.X, atol=1e-12, rtol=0)
 
 
 def test_local_sgd_with_h1_equals_allreduce_with_nesterov_momentum():
@@ -24,13 +24,13 @@ def test_local_sgd_with_h1_equals_allreduce_with_nesterov_momentum():
     extra = ("momentum=0.9", "nesterov=true", "weight_decay=1e-3")
     _, local = train_final("algorithm=local", "local_steps=1", *extra)
     _, allreduce = train_final("algorithm=allreduce", *extra)
-    torch.testing.assert_close(local.workers.X, allreduce.workers.X, atol=1e-6, rtol=0)
+    torch.testing.assert_close(local.workers.X, allreduce.workers.X, atol=1e-12, rtol=0)
 
 
 def test_gossip_on_complete_graph_equals_allreduce():
     _, gossip = train_final("algorithm=gossip", "topology=complete")
     _, allreduce = train_final("algorithm=local", "local_steps=1")
-    torch.testing.assert_close(gossip.workers.X, allreduce.workers.X, atol=1e-6, rtol=0)
+    torch.testing.assert_close(gossip.workers.X, allreduce.workers.X, atol=1e-12, rtol=0)
 
 
 def test_gossip_on_ring_differs_from_allreduce():
@@ -71,7 +71,7 @@ def test_one_worker_equals_plain_pytorch_training():
             torch.nn.functional.cross_entropy(model(data.x_train[idx[s, 0]]), data.y_train[idx[s, 0]]).backward()
             opt.step()
     expected = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    torch.testing.assert_close(run.workers.X[0], expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(run.workers.X[0], expected, atol=1e-12, rtol=0)
 
 
 def test_gossip_preserves_the_mean_exactly():

@@ -1,29 +1,43 @@
-"""gossamer.integrations: the step hooks in a plain PyTorch loop on 4 gloo processes (one launch runs
-every case, tests/dist_scripts/hooks.py) give the parameters of ``gossamer train`` with the
-simulator on the same config, resume exactly, and refuse bad input in one line."""
+"""gossamer.integrations: the step hooks in a plain PyTorch loop, one model per worker, give the
+parameters of ``gossamer train`` with the simulator on the same config, resume exactly, and refuse
+bad input in one line. The hooks' logic runs in 4 threads of this process over a ThreadedSim
+engine (tests/dist_scripts/hooks.py's loop); the wiring that needs real processes — DDP, process
+groups, the DistEngine's messages — in one launch of 4 gloo processes (marked slow)."""
 
 import json
+import random
+import sys
+import threading
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 import torch
+from cases import SHORT, combinations
 from launch import SMALL, finish, spawn
 
+from gossamer.config import load_config
+from gossamer.engines.threads import ThreadedSim
+
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
+sys.path.insert(0, str(SCRIPTS))
+import hooks  # noqa: E402  (the loop of tests/dist_scripts/hooks.py)
+
 PROCS = 4
 
-# (name, overrides of `gossamer train` and of the loop's config, the synchroniser doing the same)
 PARITY_CASES = [
     ("local", ["algorithm=local", "local_steps=3"], {"kind": "LocalSGD", "kwargs": {"local_steps": 3}}),
     ("post-local", ["algorithm=post-local", "switch_step=6", "local_steps=2"],
      {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "switch_step": 6}}),
     ("post-local-ddp", ["algorithm=post-local", "switch_step=6", "local_steps=2"],
-     {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "switch_step": 6}, "ddp": True}),
+     {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "switch_step": 6}, "ddp": True, "processes": True}),
     ("hierarchical", ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2"],
      {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "block_size": 2, "block_rounds": 2}}),
     ("local-ef-sign", ["algorithm=local", "local_steps=2", "compression=ef-sign"],
      {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "compression": "ef-sign"}}),
     ("gossip-ring", ["algorithm=gossip", "topology=ring"], {"kind": "Gossip", "kwargs": {"topology": "ring"}}),
+    ("gossip-ring-processes", ["algorithm=gossip", "topology=ring"],
+     {"kind": "Gossip", "kwargs": {"topology": "ring"}, "processes": True}),
     ("gossip-one-peer-exponential", ["algorithm=gossip", "topology=one-peer-exponential"],
      {"kind": "Gossip", "kwargs": {"topology": "one-peer-exponential"}}),
     ("gossip-mix-then-step", ["algorithm=gossip", "topology=ring", "gossip_form=mix-then-step"],
@@ -40,7 +54,7 @@ PARITY_CASES = [
     ("gossip-phases-ddp", ["algorithm=gossip", "topology=one-peer-exponential", "phases=[allreduce,gossip]",
                            "phase_epochs=[0.5]"],
      {"kind": "Gossip", "kwargs": {"topology": "one-peer-exponential", "phases": ["allreduce", "gossip"],
-                                   "phase_steps": [6]}, "ddp": True}),
+                                   "phase_steps": [6]}, "ddp": True, "processes": True}),
     ("dec-phase-1", ["algorithm=gossip", "topology=ring", "phases=[gossip,allreduce]", "phase_steps=[5]"],
      {"kind": "Gossip", "kwargs": {"topology": "ring", "phases": ["gossip", "allreduce"], "phase_steps": [5]}}),
     ("gossip-local-frequency", ["algorithm=gossip", "topology=ring", "local_steps=2", "consensus.target=constant",
@@ -50,15 +64,98 @@ PARITY_CASES = [
     ("diloco", ["algorithm=diloco", "local_steps=3"], {"kind": "DiLoCo", "kwargs": {"local_steps": 3}}),
 ]
 CASES = {name: (overrides, hook) for name, overrides, hook in PARITY_CASES}
-RESUME_CASES = ["local-ef-sign", "post-local", "gossip-one-peer-exponential", "dec-phase-1", "gossip-local-frequency",
-                "diloco"]
+THREADED = {name: case for name, case in CASES.items() if not case[1].get("processes")}
+LAUNCHED = {name: case for name, case in CASES.items() if case[1].get("processes")}  # DDP, a DistEngine's messages
+
+
+def hook_of(overrides: list[str]) -> dict | None:
+    """The synchroniser (and its keyword options) that does what ``gossamer train`` does with these
+    overrides, or None where the algorithm has none."""
+    cfg = load_config(None, [*SHORT, *overrides])
+    if cfg.algorithm in ("local", "post-local", "hierarchical"):
+        kwargs = {"local_steps": cfg.local_steps, "compression": cfg.compression,
+                  **({"switch_step": cfg.switch_step} if cfg.algorithm == "post-local" else {}),
+                  **({"block_size": cfg.block_size, "block_rounds": cfg.block_rounds}
+                     if cfg.algorithm == "hierarchical" else {})}
+        return {"kind": "LocalSGD", "kwargs": kwargs}
+    if cfg.algorithm == "gossip":
+        return {"kind": "Gossip", "kwargs": {"topology": cfg.topology, "local_steps": cfg.local_steps,
+                                             "gossip_form": cfg.gossip_form, "phases": cfg.phases,
+                                             "phase_steps": cfg.phase_steps, "consensus": asdict(cfg.consensus)}}
+    if cfg.algorithm == "diloco":
+        return {"kind": "DiLoCo", "kwargs": {"local_steps": cfg.local_steps}}
+    return None
+
+
+# every registered algorithm × codec that a synchroniser runs (SGD), from the registries
+GENERATED = {name: (o, hook_of(o)) for name, o in combinations(optimizers=False).items() if hook_of(o) is not None}
+
+
+def in_threads(work) -> list:
+    """``work(rank, engine)`` for every rank of PROCS, each in its own thread over one ThreadedSim."""
+    hub, results, errors = ThreadedSim(PROCS, timeout=120), [None] * PROCS, []
+
+    def run(rank):
+        try:
+            results[rank] = work(rank, hub.engine(rank))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            errors.append(e)
+            hub.barrier.abort()
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(PROCS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+@pytest.mark.parametrize("name", list(THREADED) + list(GENERATED))
+def test_hooks_give_the_simulators_parameters(name, sim_run, tmp_path):
+    """Each worker's model equals the simulator's worker of that rank (float64, to rounding), the
+    algorithm's communication is counted alike, the parameters are views into the row X, and the
+    cheap estimate bounds the exact consensus distance."""
+    overrides, hook = (SMALL + CASES[name][0], CASES[name][1]) if name in CASES else \
+        (SHORT + GENERATED[name][0], GENERATED[name][1])
+    in_threads(lambda rank, engine: hooks.parity(tmp_path, name, overrides, hook, rank, engine))
+    sim = torch.load(sim_run(overrides) / "checkpoint.pt")
+    for rank in range(PROCS):
+        mine = torch.load(tmp_path / name / f"rank{rank}.pt")
+        assert_like_the_simulator(mine, sim, rank)
+
+
+def assert_like_the_simulator(mine: dict, sim: dict, rank: int) -> None:
+    assert (mine["X"][0] - sim["rows"]["X"][rank]).abs().max() < 1e-10, rank
+    assert mine["views"]  # the model's parameters live in the row the schedule updates in place
+    for key in ("rounds", "bytes_per_worker", "rounds_by_level", "bytes_by_level"):
+        assert mine["comm"][key] == sim["comm"][key], key
+    assert mine["step"] == sim["step"]
+    assert 0 <= mine["exact"] <= mine["bound"] * (1 + 1e-9) + 1e-20
+
+
+@pytest.mark.parametrize("name", list(GENERATED) + ["gossip-gradient-target", "gossip-local-frequency"])
+def test_a_resumed_run_is_bit_for_bit_the_straight_run(name):
+    """state_dicts at a random step before the example's switch or phase boundaries, and at one
+    after them, into fresh objects (the step counter, compression references and residuals,
+    phases, gossip rounds of a time-varying graph, DiLoCo's outer state), then the rest."""
+    overrides, hook = (SHORT + GENERATED[name][0], GENERATED[name][1]) if name in GENERATED else \
+        (SMALL + CASES[name][0], CASES[name][1])
+    steps = load_config(None, overrides).epochs * 12 if name in CASES else 12
+    draw = random.Random(name)
+    cuts = [draw.randint(1, 3), draw.randint(9, steps - 1)]
+    diffs = in_threads(lambda rank, engine: hooks.resume(overrides, hook, cuts, rank, engine))
+    assert diffs == [0.0] * PROCS, cuts
+
+
+# ---------------------------------------------------------------- real processes (slow)
 
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     root = tmp_path_factory.mktemp("hooks")
-    cases = {"parity": [[name, SMALL + overrides, hook] for name, overrides, hook in PARITY_CASES],
-             "resume": [[name, SMALL + CASES[name][0], CASES[name][1], 5] for name in RESUME_CASES]}
+    cases = {"parity": [[name, SMALL + overrides, hook] for name, (overrides, hook) in LAUNCHED.items()],
+             "resume": [[name, SMALL + LAUNCHED[name][0], LAUNCHED[name][1], [3, 8]] for name in LAUNCHED]}
     (root / "cases.json").write_text(json.dumps(cases))
     for code, out, err in finish(spawn(PROCS, [str(SCRIPTS / "hooks.py"), str(root), str(root / "cases.json")],
                                        cwd=root), 600):
@@ -70,53 +167,48 @@ def rank_results(root: Path, name: str) -> list[dict]:
     return [json.loads((root / f"{name}-rank{r}.json").read_text()) for r in range(PROCS)]
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_hooks_give_the_simulators_parameters(name, launched, sim_run):
-    """Each rank's model equals the simulator's worker of that rank (float64, to rounding), the
-    algorithm's communication is counted alike, and the parameters are views into the row X."""
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(LAUNCHED))
+def test_hooks_on_processes_give_the_simulators_parameters(name, launched, sim_run):
+    """DDP's comm hook stands in for the gradient all-reduce of the mini-batch phases; a DistEngine."""
     sim = torch.load(sim_run(SMALL + CASES[name][0]) / "checkpoint.pt")
     for rank in range(PROCS):
-        mine = torch.load(launched / name / f"rank{rank}.pt")
-        assert (mine["X"][0] - sim["rows"]["X"][rank]).abs().max() < 1e-10, rank
-        assert mine["views"]  # the model's parameters live in the row the schedule updates in place
-        for key in ("rounds", "bytes_per_worker", "rounds_by_level", "bytes_by_level"):
-            assert mine["comm"][key] == sim["comm"][key], key
-        assert mine["step"] == sim["step"]
+        assert_like_the_simulator(torch.load(launched / name / f"rank{rank}.pt"), sim, rank)
 
 
+@pytest.mark.slow
+def test_on_processes_a_resumed_run_is_the_straight_run(launched):
+    """Bit for bit on the DistEngine; to rounding with DDP, whose gradient buckets are laid out
+    anew by a fresh DDP model (its all-reduce then sums each value in another order)."""
+    for resumed in rank_results(launched, "resume"):
+        assert resumed.keys() == LAUNCHED.keys()
+        for name, diff in resumed.items():
+            assert diff <= (1e-15 if LAUNCHED[name][1].get("ddp") else 0.0), name
+
+
+@pytest.mark.slow
 def test_a_gossip_round_sends_each_ring_neighbour_the_whole_model_as_one_message(launched):
     for rank in range(PROCS):
-        mine = torch.load(launched / "gossip-ring" / f"rank{rank}.pt")
+        mine = torch.load(launched / "gossip-ring-processes" / f"rank{rank}.pt")
         rounds, d = mine["comm"]["rounds"], mine["X"].shape[1]
         assert mine["sent"]["messages"] == 2 * rounds and mine["sent"]["values"] == 2 * d * rounds
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_the_cheap_estimate_bounds_the_exact_consensus_distance(name, launched):
-    for rank in range(PROCS):
-        mine = torch.load(launched / name / f"rank{rank}.pt")
-        assert 0 <= mine["exact"] <= mine["bound"] * (1 + 1e-9) + 1e-20
-
-
-def test_a_resumed_run_is_bit_for_bit_the_straight_run(launched):
-    """state_dict after 5 steps into fresh objects (the step counter, compression residuals, gossip
-    rounds of a time-varying graph, DiLoCo's outer state), then the rest."""
-    for resumed in rank_results(launched, "resume"):
-        assert resumed == dict.fromkeys(RESUME_CASES, 0.0)
-
-
+@pytest.mark.slow
 def test_buffers_are_averaged_with_the_parameters_or_stay_local(launched):
     for checks in rank_results(launched, "checks"):
         assert checks["buffers average"]["spread"] == 0 and checks["buffers average"]["from_mean"] < 1e-12
         assert checks["buffers local"]["spread"] > 1e-3
 
 
+@pytest.mark.slow
 def test_a_group_of_processes_averages_only_among_itself(launched):
     for checks in rank_results(launched, "checks"):
         assert checks["groups"]["workers"] == 2
         assert checks["groups"]["inside"] < 1e-15 < checks["groups"]["between"]
 
 
+@pytest.mark.slow
 def test_bad_input_is_one_line_naming_what_is_allowed(launched):
     expected = {
         "models differ": "parameters differ across ranks at the start",

@@ -5,7 +5,10 @@ import sys
 import sysconfig
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # builds a wheel and a fresh environment
 
 
 def run(*argv, cwd: Path) -> str:

@@ -257,8 +257,8 @@ def reference_trajectory(cfg: Config) -> list[float] | None:
     """For a ``consensus.target: run:DIR``, the Ξ_t² that run had at steps 1, 2, … (as far as its
     metrics.jsonl has every step); None for other targets.
 
-    The run must have the same workers, batch size and data size, so that step t means the same
-    point of training."""
+    The run must have the same ``workers``, ``batch_size`` and ``num_samples`` (checked where its
+    config has them), so that step t means the same point of training."""
     run_dir = getattr(cfg, "consensus", None) and cfg.consensus.reference_run
     if not run_dir:
         return None

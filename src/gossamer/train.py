@@ -106,7 +106,9 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
 
     ``engine``: the engine to run on (default: the one ``cfg.engine`` names); ``data``: a data
     set to use instead of loading ``cfg.dataset``; ``reference``: the Ξ_t² by step of the run a
-    ``consensus.target: run:DIR`` follows (:func:`gossamer.report.reference_trajectory`)."""
+    ``consensus.target: run:DIR`` follows (:func:`gossamer.report.reference_trajectory`). The
+    config is validated again (one changed with ``dataclasses.replace`` skipped it)."""
+    cfg.validate()
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     data = (data or load_dataset(cfg)).to(device, dtype)

@@ -1,5 +1,7 @@
-"""Run under P processes (RANK/WORLD_SIZE/MASTER_* set by tests/test_integrations.py): the library
-hooks of gossamer.integrations in a plain PyTorch loop, one model per process.
+"""The library hooks of gossamer.integrations in a plain PyTorch loop, one model per worker: in
+threads of one process over a ThreadedSim engine (tests/test_integrations.py imports this), or run
+under P processes (RANK/WORLD_SIZE/MASTER_* set by tests/test_integrations.py) for the wiring that
+needs real processes (DDP, process groups).
 
 1. Parity: for every case in CASES (a JSON file of [name, overrides, hook]), the loop trains the
    model that ``gossamer train`` builds from the same config (same init, data order and learning
@@ -12,6 +14,7 @@ hooks of gossamer.integrations in a plain PyTorch loop, one model per process.
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import torch
@@ -29,26 +32,28 @@ from gossamer.registry import ConfigError
 from gossamer.train import lr_at
 
 SYNCHRONIZERS = {"LocalSGD": LocalSGD, "Gossip": Gossip, "DiLoCo": DiLoCo}
+SEEDED = threading.Lock()  # threads share torch's global generator: one seeded build at a time
 
 
-def build(cfg, data, hook: dict, seed: int | None = None):
-    """(model, optimizer, synchroniser) as a user would write them, from the run's config."""
-    torch.manual_seed(cfg.seed if seed is None else seed)
-    model = build_model(cfg, data).to(torch.float64)
+def build(cfg, data, hook: dict, seed: int | None = None, engine=None):
+    """(model, optimizer, synchroniser) as a user would write them, from the run's config
+    (``engine``: the synchroniser's engine; None: a DistEngine on the default group)."""
+    with SEEDED:
+        torch.manual_seed(cfg.seed if seed is None else seed)
+        model = build_model(cfg, data).to(torch.float64)
     if hook.get("ddp"):
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    kwargs = dict(hook.get("kwargs", {}))
+    kwargs = {**hook.get("kwargs", {}), **({"engine": engine} if engine is not None else {})}
     if hook["kind"] == "DiLoCo":
         outer = torch.optim.SGD(model.parameters(), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=True)
         return model, optimizer, DiLoCo(model, optimizer, outer, **kwargs)
     return model, optimizer, SYNCHRONIZERS[hook["kind"]](model, optimizer, **kwargs)
 
 
-def train(cfg, data, model, optimizer, steps: range) -> None:
-    """Steps ``steps`` of this rank's worker: the simulator's batches and learning rates."""
+def train(cfg, data, model, optimizer, steps: range, rank: int) -> None:
+    """Steps ``steps`` of worker ``rank``: the simulator's batches and learning rates."""
     S = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
-    rank = dist.get_rank()
     for t in steps:
         epoch, s = divmod(t, S)
         idx = iid_epoch_indices(len(data.y_train), cfg.workers, cfg.batch_size, epoch, cfg.seed)
@@ -60,46 +65,53 @@ def train(cfg, data, model, optimizer, steps: range) -> None:
         optimizer.step()
 
 
+def load(cfg):
+    """The run's data set in float64 (one thread at a time: it may write the cache)."""
+    with SEEDED:
+        return load_dataset(cfg).to(torch.device("cpu"), torch.float64)
+
+
 def total_steps(cfg, data) -> int:
     return cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
 
 
-def parity(out: Path, name: str, overrides: list[str], hook: dict) -> None:
+def parity(out: Path, name: str, overrides: list[str], hook: dict, rank: int, engine=None) -> None:
     cfg = load_config(None, overrides)
-    data = load_dataset(cfg).to(torch.device("cpu"), torch.float64)
-    model, optimizer, sync = build(cfg, data, hook)
-    train(cfg, data, model, optimizer, range(total_steps(cfg, data)))
+    data = load(cfg)
+    model, optimizer, sync = build(cfg, data, hook, engine=engine)
+    train(cfg, data, model, optimizer, range(total_steps(cfg, data)), rank)
     (out / name).mkdir(exist_ok=True)
     storage = sync.X.untyped_storage().data_ptr()  # the parameters are still views into the row X: no copies
     views = all(p.untyped_storage().data_ptr() == storage for p in model.parameters())
-    torch.save({"X": sync.X.clone(), "comm": sync.comm.state_dict(), "step": sync.t, "sent": vars(sync.engine.sent),
-                "views": views,
+    sent = vars(sync.engine.sent) if hasattr(sync.engine, "sent") else None  # what a DistEngine sent
+    torch.save({"X": sync.X.clone(), "comm": sync.comm.state_dict(), "step": sync.t, "sent": sent, "views": views,
                 "exact": sync.consensus_distance(), "bound": sync.consensus_distance(exact=False)},
-               out / name / f"rank{dist.get_rank()}.pt")
+               out / name / f"rank{rank}.pt")
     sync.close()
 
 
-def resume(overrides: list[str], hook: dict, cut: int) -> float:
-    """max |X_straight − X_resumed| after all steps, resumed from a checkpoint after ``cut`` steps."""
+def resume(overrides: list[str], hook: dict, cuts: list[int], rank: int, engine=None) -> float:
+    """max |X_straight − X_resumed| after all steps, for a run stopped after each of ``cuts`` steps
+    and continued by fresh objects from the state_dicts (a chain of restarts)."""
     cfg = load_config(None, overrides)
-    data = load_dataset(cfg).to(torch.device("cpu"), torch.float64)
+    data = load(cfg)
     steps = total_steps(cfg, data)
-    model, optimizer, sync = build(cfg, data, hook)
-    train(cfg, data, model, optimizer, range(steps))
+    model, optimizer, sync = build(cfg, data, hook, engine=engine)
+    train(cfg, data, model, optimizer, range(steps), rank)
     straight = sync.X.clone()
     sync.close()
-    model, optimizer, sync = build(cfg, data, hook)
-    train(cfg, data, model, optimizer, range(cut))
-    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "sync": sync.state_dict()}
-    sync.close()
-    model, optimizer, sync = build(cfg, data, hook)
-    model.load_state_dict(saved["model"])
-    optimizer.load_state_dict(saved["optimizer"])
-    sync.load_state_dict(saved["sync"])
-    train(cfg, data, model, optimizer, range(cut, steps))
-    diff = (sync.X - straight).abs().max().item()
-    sync.close()
-    return diff
+    saved, start = None, 0
+    for stop in (*cuts, steps):
+        model, optimizer, sync = build(cfg, data, hook, engine=engine)
+        if saved is not None:
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+            sync.load_state_dict(saved["sync"])
+        train(cfg, data, model, optimizer, range(start, stop), rank)
+        saved, start = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                        "sync": sync.state_dict()}, stop
+        sync.close()
+    return (sync.X - straight).abs().max().item()
 
 
 class BNNet(nn.Module):
@@ -166,7 +178,7 @@ def group_check() -> dict:
 def bad_input(out: Path) -> dict:
     """The one-line error of each bad use (raised alike on every rank), by case."""
     cfg = load_config(None, ["workers=4", "num_samples=1000", "dtype=float64"])
-    data = load_dataset(cfg).to(torch.device("cpu"), torch.float64)
+    data = load(cfg)
     edges = out / "six-nodes.txt"
     cases = {
         "models differ": ({"kind": "LocalSGD"}, dist.get_rank()),
@@ -197,8 +209,8 @@ if __name__ == "__main__":
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     for name, overrides, hook in cases["parity"]:
-        parity(out, name, overrides, hook)
-    resumed = {name: resume(overrides, hook, cut) for name, overrides, hook, cut in cases["resume"]}
+        parity(out, name, overrides, hook, rank)
+    resumed = {name: resume(overrides, hook, cuts, rank) for name, overrides, hook, cuts in cases["resume"]}
     (out / f"resume-rank{rank}.json").write_text(json.dumps(resumed))
     if rank == 0:
         (out / "six-nodes.txt").write_text("0 1\n1 2\n2 3\n3 4\n4 5\n5 0\n")

@@ -304,8 +304,8 @@ def _control(cfg, ctx: Context, topology: Topology) -> Controller | FrequencyCon
 
 
 @ALGORITHMS.register("gossip", options=GossipOptions,
-                     example=("topology=one-peer-exponential", "phases=[gossip,controlled,allreduce]", "phase_steps=[4,8]",
-                              "consensus.target=constant", "consensus.value=0.01"),
+                     example=("topology=one-peer-exponential", "local_steps=2", "phases=[allreduce,gossip,allreduce]",
+                              "phase_steps=[4,8]"),
                      help="D-SGD over a topology (a gossip round every H steps), by phase, with consensus control "
                           "(Kong et al.)")
 def _gossip(cfg, ctx: Context) -> Schedule:
@@ -322,8 +322,9 @@ def _gossip(cfg, ctx: Context) -> Schedule:
     def phase(mode: str) -> Schedule:
         if mode == "allreduce":
             return AllReduce()
-        return Gossip(state, cfg.gossip_form, cfg.local_steps, control if mode == "controlled" else None, frequency,
-                      momentum, shared_rows(cfg, ctx), ctx.keep_change)
+        return Gossip(state, form=cfg.gossip_form, local_steps=cfg.local_steps,
+                      control=control if mode == "controlled" else None, frequency=frequency, momentum=momentum,
+                      shared_state=shared_rows(cfg, ctx), keep_change=ctx.keep_change)
     starts = [int(b) if unit == "steps" else round(b * ctx.steps_per_epoch) for b in boundaries]
     return phased([phase(mode) for mode in modes], starts, ctx, grad_norm_ema=cfg.consensus.ema,
                   tracks_grad_norm=cfg.consensus.target == "gradient")

@@ -1,0 +1,94 @@
+"""The test cases generated from the registries: every registered algorithm × codec × optimizer
+that the config accepts together, each run as its entries' ``example`` says, plus the option
+variants of an algorithm that its example does not reach (FEATURES). The resume, dist-parity and
+hot-path tests are parametrized from here, so a new registration is covered without editing them.
+"""
+
+from pathlib import Path
+
+from gossamer.algorithms import ALGORITHMS
+from gossamer.codecs import CODECS, ERROR_FEEDBACK
+from gossamer.config import load_config
+from gossamer.optim import OPTIMIZERS
+from gossamer.registry import ConfigError
+
+DIRECTED = Path(__file__).resolve().parent / "dist_scripts" / "directed-4.txt"
+
+# a seconds-long float64 run: 4 workers, 6 steps an epoch, 2 epochs
+SHORT = ["workers=4", "epochs=2", "batch_size=32", "num_samples=1000", "lr=0.05", "dtype=float64",
+         "grad_backend=loop"]
+
+# option variants beyond the entries' examples: (name, overrides)
+FEATURES = {
+    "gossip-ring": ["algorithm=gossip", "topology=ring"],
+    "gossip-controlled-time": ["algorithm=gossip", "topology=ring", "consensus.target=constant", "consensus.value=0.01",
+                               "network=ethernet-10g", "compute_ms=1"],
+    "gossip-ring-mix-then-step": ["algorithm=gossip", "topology=ring", "gossip_form=mix-then-step", "local_steps=2"],
+    "gossip-frequency": ["algorithm=gossip", "topology=one-peer-exponential", "local_steps=2",
+                         "phases=[controlled,allreduce,controlled]", "phase_steps=[5,7]", "consensus.target=constant",
+                         "consensus.value=0.1", "consensus.action=frequency", "consensus.max_local_steps=6"],
+    "gossip-estimate-quasi-global": ["algorithm=gossip", "momentum_mode=quasi-global", "momentum=0.9",
+                                     "consensus.target=constant", "consensus.value=0.05",
+                                     "consensus.measure=estimate"],
+    "gossip-gradient-target": ["algorithm=gossip", "topology=ring", "consensus.target=gradient",
+                               "consensus.factor=0.5"],
+    "hierarchical-average-optimizer-state": ["algorithm=hierarchical", "block_size=2", "local_steps=1",
+                                             "momentum=0.9", "average_optimizer_state=true"],
+    "sgp-directed-edges": ["algorithm=sgp", f"topology=edges:{DIRECTED}"],
+    "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
+                       "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
+}
+
+
+def _spec(entry) -> str:
+    return f"{entry.name}:{entry.example[0]}" if entry.takes == "required" else entry.name
+
+
+def codecs() -> list[str]:
+    """``none``, every registered codec with its example parameter, and each with error feedback."""
+    plain = [_spec(e) for e in CODECS.entries.values()]
+    return ["none", *plain, *(ERROR_FEEDBACK + c for c in plain)]
+
+
+def _valid(overrides: list[str]) -> bool:
+    try:
+        load_config(None, SHORT + overrides)
+    except ConfigError:
+        return False
+    return True
+
+
+def combinations(optimizers: bool = True) -> dict[str, list[str]]:
+    """{name: overrides} for every algorithm × codec (× optimizer) the config accepts together."""
+    cases = {}
+    for algorithm in ALGORITHMS.entries.values():
+        compresses = "compression" in algorithm.keys
+        for codec in codecs() if compresses else ["none"]:
+            for optimizer in OPTIMIZERS.entries.values() if optimizers else [OPTIMIZERS["sgd"]]:
+                overrides = [f"algorithm={algorithm.name}", *algorithm.example,
+                             *([f"compression={codec}"] if codec != "none" else []),
+                             f"optimizer={optimizer.name}", *optimizer.example]
+                if _valid(overrides):
+                    cases["-".join([algorithm.name, codec, optimizer.name])] = overrides
+    return cases
+
+
+def all_cases(optimizers: bool = True) -> dict[str, list[str]]:
+    """The registry combinations and the FEATURES."""
+    return {**combinations(optimizers), **FEATURES}
+
+
+def representatives() -> dict[str, list[str]]:
+    """A subset for costly engines: each algorithm with SGD, uncompressed and (where it compresses)
+    with one codec, the codecs taken in turn across algorithms; and the FEATURES."""
+    chosen, turn, compressed = {}, 0, [c for c in codecs() if c != "none"]
+    cases = combinations(optimizers=False)
+    for algorithm in ALGORITHMS.names():
+        mine = {name: o for name, o in cases.items() if o[0] == f"algorithm={algorithm}"}
+        chosen.update({name: o for name, o in mine.items() if name == f"{algorithm}-none-sgd"})
+        for codec in compressed[turn:] + compressed[:turn]:
+            if f"{algorithm}-{codec}-sgd" in mine:
+                chosen[f"{algorithm}-{codec}-sgd"] = mine[f"{algorithm}-{codec}-sgd"]
+                turn = (compressed.index(codec) + 1) % len(compressed)
+                break
+    return {**chosen, **FEATURES}
