@@ -136,7 +136,7 @@ def test_the_dist_engine_times_its_communication_with_a_network(procs, dist_runs
     assert measured == sorted(measured) and measured[-1] > 0
     s = json.loads((dist_runs(procs) / "simulated-time" / "summary.json").read_text())
     assert s["comm_seconds"] == measured[-1] and s["comm_seconds_metrics"] > 0
-    assert "comm_seconds" not in json.loads((dist_runs(procs) / "local-none-sgd" / "summary.json").read_text())
+    assert "comm_seconds" not in json.loads((dist_runs(procs) / "allreduce-none-sgd" / "summary.json").read_text())
 
 
 @pytest.mark.slow
