@@ -41,6 +41,20 @@ FEATURES = {
 }
 
 
+# the hooks on real processes (DDP's comm hook, a DistEngine's messages): (overrides of `gossamer
+# train` on launch.SMALL, the synchroniser doing the same); run in the one 4-process launch
+HOOK_PROCESS_CASES = {
+    "post-local-ddp": (["algorithm=post-local", "switch_step=6", "local_steps=2"],
+                       {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "switch_step": 6}, "ddp": True}),
+    "gossip-ring-processes": (["algorithm=gossip", "topology=ring"], {"kind": "Gossip", "kwargs": {"topology": "ring"}}),
+    "gossip-phases-ddp": (["algorithm=gossip", "topology=one-peer-exponential", "phases=[allreduce,gossip]",
+                           "phase_epochs=[0.5]"],
+                          {"kind": "Gossip", "kwargs": {"topology": "one-peer-exponential",
+                                                        "phases": ["allreduce", "gossip"], "phase_steps": [6]},
+                           "ddp": True}),
+}
+
+
 def _spec(entry) -> str:
     return f"{entry.name}:{entry.example[0]}" if entry.takes == "required" else entry.name
 
@@ -91,3 +105,12 @@ def representatives() -> dict[str, list[str]]:
                 turn = (compressed.index(codec) + 1) % len(compressed) if codec != "none" else turn
                 break
     return {**chosen, **{name: FEATURES[name] for name in ("gossip-ring", "gossip-frequency", "simulated-time")}}
+
+
+# the dist engine's parity launches, compared with engine=sim: on 2 processes (2 workers each)
+# every registered algorithm × codec and the FEATURES, on 4 (one worker each) a subset
+DIST_CASES = {2: all_cases(optimizers=False), 4: representatives()}
+# CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
+# holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
+CIFAR_CASE = "cifar-resnet20-gossip"
+ACCEPTANCE = ["workers=4", "epochs=1", "num_samples=1000", "algorithm=gossip", "grad_backend=loop"]  # float32

@@ -1,13 +1,20 @@
 import os
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
-from launch import sets
+from cases import ACCEPTANCE, CIFAR_CASE, DIST_CASES, HOOK_PROCESS_CASES, SHORT
+from launch import SMALL, finish, sets, spawn, torchrun
 
 from gossamer.cli import main
 from gossamer.config import load_config
 from gossamer.report import reference_trajectory
 from gossamer.train import build_run, train
+
+
+SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 
 
 def small_config(*overrides: str):
@@ -84,6 +91,49 @@ def private_cache(tmp_path_factory):
         del os.environ["GOSSAMER_CACHE"]
     else:
         os.environ["GOSSAMER_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def cifar_case(tmp_path_factory) -> list[str]:
+    data = write_cifar(tmp_path_factory.mktemp("cifar"), train=128, test=32)
+    return ["dataset=cifar10", f"data_dir={data}", "model=resnet20", "workers=4", "epochs=1", "batch_size=4",
+            "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop", "algorithm=gossip",
+            "bn_eval=recompute"]
+
+
+@pytest.fixture(scope="session")
+def dist_runs(tmp_path_factory, cifar_case):
+    """{procs: run root}, launched on first use: one launch per process count runs every case of
+    tests/dist_scripts/parity.py (the dist tests), and the 4-process one also the hooks' process
+    checks (tests/dist_scripts/hooks.py, into ROOT/hooks). 2 processes go through torchrun (its
+    agent hosts the store); 4 are started directly with torchrun's environment (rank 0 hosts it)."""
+    roots = {}
+
+    def get(procs: int) -> Path:
+        if procs not in roots:
+            root = tmp_path_factory.mktemp(f"dist{procs}")
+            runs = ([[name, SHORT + o] for name, o in DIST_CASES[procs].items()] + [[CIFAR_CASE, cifar_case]]
+                    + [["acceptance", ACCEPTANCE]])
+            cases = {"runs": runs}
+            if procs == 4:
+                cases["hooks"] = {
+                    "parity": [[name, SMALL + overrides, hook] for name, (overrides, hook) in HOOK_PROCESS_CASES.items()],
+                    "resume": [[name, SMALL + overrides, hook, [3, 8]]
+                               for name, (overrides, hook) in HOOK_PROCESS_CASES.items()]}
+            (root / "cases.json").write_text(json.dumps(cases))
+            argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
+            if procs == 2:
+                proc = torchrun(procs, *argv, cwd=root, timeout=240)
+                results = [(proc.returncode, proc.stdout, proc.stderr)]
+                # rank 0 alone prints, once per run
+                assert proc.stdout.count("run written to") == len(runs), proc.stdout
+            else:
+                results = finish(spawn(procs, argv, cwd=root), 300)
+            for code, out, err in results:
+                assert code == 0, err[-3000:]
+            roots[procs] = root
+        return roots[procs]
+    return get
 
 
 @pytest.fixture(scope="session", autouse=True)

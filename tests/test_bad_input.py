@@ -3,7 +3,6 @@ exit 2, no traceback, a bounded line, nothing created or lost."""
 
 import json
 import string
-from pathlib import Path
 
 import pytest
 import yaml

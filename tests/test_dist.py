@@ -13,67 +13,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import SHORT, all_cases, representatives
-from launch import finish, sets, spawn, torchrun
+from cases import ACCEPTANCE, CIFAR_CASE, DIST_CASES, SHORT, all_cases
+from launch import sets, spawn, torchrun
 
-from conftest import write_cifar
+from conftest import SCRIPTS
 from gossamer.cli import main
 
-SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 FAST = ["grad_backend=loop"]  # the per-worker module loop: the fast gradients for the small CNN
 
 MEASURED = ("wall_seconds", "comm_seconds", "comm_seconds_metrics")  # wall-clock: the dist engine's own
 
-# {procs: {name: overrides}}, compared with engine=sim: on 2 processes (2 workers each) every
-# registered algorithm × codec and the feature variants (tests/cases.py), on 4 a subset
-PARITY_CASES = {2: all_cases(optimizers=False), 4: representatives()}
-
-
-# CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
-# holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
-CIFAR_CASE = "cifar-resnet20-gossip"
-
-
-@pytest.fixture(scope="module")
-def cifar_case(tmp_path_factory) -> list[str]:
-    data = write_cifar(tmp_path_factory.mktemp("cifar"), train=128, test=32)
-    return ["dataset=cifar10", f"data_dir={data}", "model=resnet20", "workers=4", "epochs=1", "batch_size=4",
-            "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop", "algorithm=gossip",
-            "bn_eval=recompute"]
-
 
 # ---------------------------------------------------------------- parity: 4 and 2 processes
-
-
-ACCEPTANCE = ["workers=4", "epochs=1", "num_samples=1000", "algorithm=gossip", *FAST]  # float32, CLI defaults
-
-
-@pytest.fixture(scope="module")
-def dist_runs(tmp_path_factory, cifar_case):
-    """{procs: run root}, launched on first use: one launch per process count runs every case.
-    2 processes go through torchrun (its agent hosts the store); 4 are started directly with
-    torchrun's environment (rank 0 hosts the store)."""
-    roots = {}
-
-    def get(procs: int) -> Path:
-        if procs not in roots:
-            root = tmp_path_factory.mktemp(f"dist{procs}")
-            cases = ([[name, SHORT + o] for name, o in PARITY_CASES[procs].items()] + [[CIFAR_CASE, cifar_case]]
-                     + [["acceptance", ACCEPTANCE]])
-            (root / "cases.json").write_text(json.dumps(cases))
-            argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
-            if procs == 2:
-                proc = torchrun(procs, *argv, cwd=root, timeout=240)
-                results = [(proc.returncode, proc.stdout, proc.stderr)]
-                # rank 0 alone prints, once per run
-                assert proc.stdout.count("run written to") == len(cases), proc.stdout
-            else:
-                results = finish(spawn(procs, argv, cwd=root), 240)
-            for code, out, err in results:
-                assert code == 0, err[-3000:]
-            roots[procs] = root
-        return roots[procs]
-    return get
 
 
 def summary_of(run: Path) -> dict:
@@ -102,10 +53,10 @@ def tensors(state, path: str = "") -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("procs, name", [(p, name) for p, cases in PARITY_CASES.items() for name in cases]
+@pytest.mark.parametrize("procs, name", [(p, name) for p, cases in DIST_CASES.items() for name in cases]
                          + [(4, CIFAR_CASE), (2, CIFAR_CASE)])
 def test_dist_matches_the_simulator(name, procs, sim_run, dist_runs, cifar_case):
-    overrides = cifar_case if name == CIFAR_CASE else SHORT + PARITY_CASES[procs][name]
+    overrides = cifar_case if name == CIFAR_CASE else SHORT + DIST_CASES[procs][name]
     sim, dist_ = sim_run(overrides), dist_runs(procs) / name
     a, b = torch.load(sim / "checkpoint.pt"), torch.load(dist_ / "checkpoint.pt")
     Xa, Xb = a["rows"]["X"], b["rows"]["X"]

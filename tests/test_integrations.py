@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import SHORT, combinations
-from launch import SMALL, finish, spawn
+from cases import HOOK_PROCESS_CASES, SHORT, combinations
+from launch import SMALL
 
+from conftest import SCRIPTS
 from gossamer.config import load_config
 from gossamer.engines.threads import ThreadedSim
 
-SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 sys.path.insert(0, str(SCRIPTS))
 import hooks  # noqa: E402  (the loop of tests/dist_scripts/hooks.py)
 
@@ -29,15 +29,11 @@ PARITY_CASES = [
     ("local", ["algorithm=local", "local_steps=3"], {"kind": "LocalSGD", "kwargs": {"local_steps": 3}}),
     ("post-local", ["algorithm=post-local", "switch_step=6", "local_steps=2"],
      {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "switch_step": 6}}),
-    ("post-local-ddp", ["algorithm=post-local", "switch_step=6", "local_steps=2"],
-     {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "switch_step": 6}, "ddp": True, "processes": True}),
     ("hierarchical", ["algorithm=hierarchical", "block_size=2", "block_rounds=2", "local_steps=2"],
      {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "block_size": 2, "block_rounds": 2}}),
     ("local-ef-sign", ["algorithm=local", "local_steps=2", "compression=ef-sign"],
      {"kind": "LocalSGD", "kwargs": {"local_steps": 2, "compression": "ef-sign"}}),
     ("gossip-ring", ["algorithm=gossip", "topology=ring"], {"kind": "Gossip", "kwargs": {"topology": "ring"}}),
-    ("gossip-ring-processes", ["algorithm=gossip", "topology=ring"],
-     {"kind": "Gossip", "kwargs": {"topology": "ring"}, "processes": True}),
     ("gossip-one-peer-exponential", ["algorithm=gossip", "topology=one-peer-exponential"],
      {"kind": "Gossip", "kwargs": {"topology": "one-peer-exponential"}}),
     ("gossip-mix-then-step", ["algorithm=gossip", "topology=ring", "gossip_form=mix-then-step"],
@@ -51,10 +47,6 @@ PARITY_CASES = [
                        "phase_epochs=[0.5]"],
      {"kind": "Gossip", "kwargs": {"topology": "one-peer-exponential", "phases": ["allreduce", "gossip"],
                                    "phase_steps": [6]}}),
-    ("gossip-phases-ddp", ["algorithm=gossip", "topology=one-peer-exponential", "phases=[allreduce,gossip]",
-                           "phase_epochs=[0.5]"],
-     {"kind": "Gossip", "kwargs": {"topology": "one-peer-exponential", "phases": ["allreduce", "gossip"],
-                                   "phase_steps": [6]}, "ddp": True, "processes": True}),
     ("dec-phase-1", ["algorithm=gossip", "topology=ring", "phases=[gossip,allreduce]", "phase_steps=[5]"],
      {"kind": "Gossip", "kwargs": {"topology": "ring", "phases": ["gossip", "allreduce"], "phase_steps": [5]}}),
     ("gossip-local-frequency", ["algorithm=gossip", "topology=ring", "local_steps=2", "consensus.target=constant",
@@ -64,8 +56,9 @@ PARITY_CASES = [
     ("diloco", ["algorithm=diloco", "local_steps=3"], {"kind": "DiLoCo", "kwargs": {"local_steps": 3}}),
 ]
 CASES = {name: (overrides, hook) for name, overrides, hook in PARITY_CASES}
-THREADED = {name: case for name, case in CASES.items() if not case[1].get("processes")}
-LAUNCHED = {name: case for name, case in CASES.items() if case[1].get("processes")}  # DDP, a DistEngine's messages
+THREADED = dict(CASES)
+LAUNCHED = HOOK_PROCESS_CASES  # DDP, a DistEngine's messages: in the 4-process launch of the dist tests
+CASES.update(LAUNCHED)
 
 
 def hook_of(overrides: list[str]) -> dict | None:
@@ -152,15 +145,9 @@ def test_a_resumed_run_is_bit_for_bit_the_straight_run(name):
 
 
 @pytest.fixture(scope="module")
-def launched(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hooks")
-    cases = {"parity": [[name, SMALL + overrides, hook] for name, (overrides, hook) in LAUNCHED.items()],
-             "resume": [[name, SMALL + LAUNCHED[name][0], LAUNCHED[name][1], [3, 8]] for name in LAUNCHED]}
-    (root / "cases.json").write_text(json.dumps(cases))
-    for code, out, err in finish(spawn(PROCS, [str(SCRIPTS / "hooks.py"), str(root), str(root / "cases.json")],
-                                       cwd=root), 600):
-        assert code == 0, err[-3000:]
-    return root
+def launched(dist_runs):
+    """The hooks' part of the one 4-process launch (tests/dist_scripts/parity.py runs hooks.py's checks)."""
+    return dist_runs(4) / "hooks"
 
 
 def rank_results(root: Path, name: str) -> list[dict]:

@@ -3,7 +3,6 @@ and closed forms on quadratics f_i(x) = ½‖x − b_i‖², driven through the 
 
 import json
 
-import numpy as np
 import pytest
 import torch
 

@@ -254,7 +254,7 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
                measure: bool) -> dict:
     """One step of every worker on its batch (x [m, b, ...], y [m, b, ...]). Returns the step's
     metric row when ``measure`` (else only what the schedule reports)."""
-    w, e, cfg = run.workers, run.engine, run.cfg
+    w, e = run.workers, run.engine
     timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
     losses = timed(w.loss_and_grad, x, y)
     step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema, measure)

@@ -1,7 +1,7 @@
 """The library hooks of gossamer.integrations in a plain PyTorch loop, one model per worker: in
-threads of one process over a ThreadedSim engine (tests/test_integrations.py imports this), or run
-under P processes (RANK/WORLD_SIZE/MASTER_* set by tests/test_integrations.py) for the wiring that
-needs real processes (DDP, process groups).
+threads of one process over a ThreadedSim engine (tests/test_integrations.py imports this), or in
+the 4 processes of the dist tests' launch (tests/dist_scripts/parity.py calls :func:`main`) for the
+wiring that needs real processes (DDP, process groups, a DistEngine's messages).
 
 1. Parity: for every case in CASES (a JSON file of [name, overrides, hook]), the loop trains the
    model that ``gossamer train`` builds from the same config (same init, data order and learning
@@ -13,7 +13,6 @@ needs real processes (DDP, process groups).
 """
 
 import json
-import sys
 import threading
 from pathlib import Path
 
@@ -204,9 +203,8 @@ def bad_input(out: Path) -> dict:
     return errors
 
 
-if __name__ == "__main__":
-    out, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
-    dist.init_process_group("gloo")
+def main(out: Path, cases: dict) -> None:
+    """Every process check, in the current process group (4 processes)."""
     rank = dist.get_rank()
     for name, overrides, hook in cases["parity"]:
         parity(out, name, overrides, hook, rank)
@@ -218,4 +216,3 @@ if __name__ == "__main__":
     checks = {"buffers average": buffer_check("average"), "buffers local": buffer_check("local"),
               "groups": group_check(), "errors": bad_input(out)}
     (out / f"checks-rank{rank}.json").write_text(json.dumps(checks, indent=1))
-    dist.destroy_process_group()

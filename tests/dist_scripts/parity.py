@@ -4,7 +4,10 @@
    n = P (one worker per process) and n = 8; the communication counts; what gossip really sent.
    Each rank writes OUT/engine-rank{R}.json.
 2. Training: ``gossamer train --set engine=dist`` (through the CLI's own code) for every case in
-   CASES (a JSON file of [name, [overrides...]]), into OUT/NAME — all in one process group.
+   CASES (a JSON file: {"runs": [[name, [overrides...]], ...]}), into OUT/NAME — all in one
+   process group.
+3. With CASES' "hooks" (4 processes): the hooks' process checks of tests/dist_scripts/hooks.py,
+   into OUT/hooks, in the same process group (one launch less).
 """
 
 import json
@@ -73,11 +76,17 @@ if __name__ == "__main__":
     rank, world = dist.get_rank(), dist.get_world_size()
     report = {f"n={n}": engine_checks(n) for n in sorted({world, 8})}
     (out / f"engine-rank{rank}.json").write_text(json.dumps(report, indent=1))
-    for name, overrides in cases:
+    for name, overrides in cases["runs"]:
         argv = ["train", "--quiet", "--out", str(out / name), "--set", "engine=dist"]
         for o in overrides:
             argv += ["--set", o]
         code = main(argv)
         if code:
             sys.exit(f"case {name} exited with {code}")
+    if "hooks" in cases:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import hooks
+
+        (out / "hooks").mkdir(exist_ok=True)
+        hooks.main(out / "hooks", cases["hooks"])
     dist.destroy_process_group()
