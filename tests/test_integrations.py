@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from cases import HOOK_PROCESS_CASES, SHORT, combinations
-from launch import SMALL
+from launch import SMALL, finish, spawn
 
 from conftest import SCRIPTS
 from gossamer.config import load_config
@@ -174,6 +174,15 @@ def test_on_processes_a_resumed_run_is_the_straight_run(launched):
 
 
 @pytest.mark.slow
+def test_a_second_synchroniser_after_close_joins_the_group_the_first_created(tmp_path):
+    """No false "lost rank" and no hang: the group a synchroniser created outlives its close."""
+    results = finish(spawn(2, [str(SCRIPTS / "two_synchronizers.py")], cwd=tmp_path), 120)
+    for code, out, err in results:
+        assert code == 0, err[-3000:]
+    assert json.loads(results[0][1].strip().splitlines()[-1]) == {"consensus_distance_sq": 0.0, "comm_rounds": 1}
+
+
+@pytest.mark.slow
 def test_a_gossip_round_sends_each_ring_neighbour_the_whole_model_as_one_message(launched):
     for rank in range(PROCS):
         mine = torch.load(launched / "gossip-ring-processes" / f"rank{rank}.pt")
@@ -222,3 +231,21 @@ def test_the_lightning_callback_without_lightning_names_the_install(monkeypatch)
     monkeypatch.delitem(sys.modules, "gossamer.integrations.lightning", raising=False)
     with pytest.raises(ConfigError, match=r"pip install 'gossamer\[lightning\]'"):
         importlib.import_module("gossamer.integrations.lightning")
+
+
+def test_load_state_dict_of_another_configuration_is_one_line_naming_what_differs():
+    from torch import nn
+
+    from gossamer.integrations import LocalSGD
+    from gossamer.registry import ConfigError
+
+    def synchronizer(**options):
+        model = nn.Linear(3, 1)
+        return LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), engine=ThreadedSim(1).engine(0), **options)
+    state = synchronizer(local_steps=2, compression="ef-sign").state_dict()
+    synchronizer(local_steps=2, compression="ef-sign").load_state_dict(state)  # the same configuration loads
+    with pytest.raises(ConfigError, match=r"another configuration: compression \(ef-sign → none\)$") as e:
+        synchronizer(local_steps=2).load_state_dict(state)
+    assert "\n" not in str(e.value)
+    with pytest.raises(ConfigError, match="a state_dict\\(\\) of a gossamer synchroniser"):
+        synchronizer().load_state_dict({"schedule": {}})

@@ -91,7 +91,7 @@ class Progress:
     steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
     sim_seconds_to_target: float | None = None
     comm_seconds: float = 0.0  # measured by the engine (dist with a network): the algorithm's collectives
-    comm_seconds_metrics: float = 0.0  # ... and the measurement traffic's
+    comm_metrics_seconds: float = 0.0  # ... and the measurement traffic's
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -356,7 +356,7 @@ def _advance_clocks(run: Run, state: Progress, t: int) -> None:
     if run.engine.timed:
         algorithm, metrics = run.engine.take_comm_seconds()
         state.comm_seconds += algorithm
-        state.comm_seconds_metrics += metrics
+        state.comm_metrics_seconds += metrics
 
 
 def _time_summary(run: Run, state: Progress) -> dict:
@@ -369,7 +369,7 @@ def _time_summary(run: Run, state: Progress) -> dict:
         if run.clock is not None:
             out["sim_seconds_to_target"] = state.sim_seconds_to_target
     if run.engine.timed:
-        out.update(comm_seconds=state.comm_seconds, comm_seconds_metrics=state.comm_seconds_metrics)
+        out.update(comm_seconds=state.comm_seconds, comm_metrics_seconds=state.comm_metrics_seconds)
     return out
 
 

@@ -27,6 +27,7 @@ a lost peer raises :class:`PeerLost` with one line naming it.
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from dataclasses import dataclass
@@ -64,6 +65,12 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
+def _destroy_group() -> None:
+    """At exit: destroy the default group that an engine created (registered by close)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
@@ -74,7 +81,7 @@ class DistEngine(Engine):
 
     Joins the default process group if one exists (library use), else creates it from torchrun's
     environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) with ``backend`` and ``timeout``;
-    :meth:`close` destroys only a group it created. ``group``: the processes that hold the n
+    a group it created lives until the process exits (:meth:`close`). ``group``: the processes that hold the n
     workers (default: all); ranks here (``rank``, ``world``, peers) are ranks in that group.
     ``timed``: measure the wall time of the counted collectives (:meth:`take_comm_seconds`).
     """
@@ -237,13 +244,15 @@ class DistEngine(Engine):
                         f"answer within dist_timeout={self.timeout:g} s; stopping", ranks)
 
     def close(self) -> None:
-        """Stop the heartbeat; destroy the process group if this engine created it (and it is
-        healthy); hold no process group after that (subgroups and the default one in the block
-        plans), so that their gloo threads end with ``destroy_process_group``, not at interpreter exit."""
+        """Stop the heartbeat and hold no process group (subgroups and the default one in the block
+        plans). A group this engine created stays for the next engine of this process (a second
+        synchroniser joins it: forming a new one would rendezvous on the old store) and is
+        destroyed at exit."""
         self._watch.stop()
         self._block_plans.clear()
-        if self._owns_group and not self._broken and dist.is_initialized():
-            dist.destroy_process_group()
+        if self._owns_group and not self._broken:
+            atexit.unregister(_destroy_group)  # once
+            atexit.register(_destroy_group)
 
     # ------------------------------------------------------------------ internals
 

@@ -246,21 +246,29 @@ class Synchronizer:
     def state_dict(self) -> dict:
         """Everything this synchroniser carries (this rank's: models differ between syncs, so
         every rank saves its own, with its model's and optimizer's ``state_dict``)."""
-        return {"algorithm": self.algorithm, "workers": self.engine.n, "step": self.t,
+        return {"algorithm": self.algorithm, "workers": self.engine.n, "config": self._options(), "step": self.t,
                 "schedule": self.schedule.state_dict(), "comm": self.comm.state_dict(), "anchor": self.anchor,
                 "grad_norm_sq_ema": self.grad_norm_sq_ema}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` (step counter included), after loading the model's and
         the optimizer's own state."""
-        for key, mine in (("algorithm", self.algorithm), ("workers", self.engine.n)):
-            if state[key] != mine:
-                raise ConfigError(f"this checkpoint is of {key} {state[key]}, not {mine}")
+        if not isinstance(state, dict) or "config" not in state:
+            raise ConfigError("load_state_dict needs a state_dict() of a gossamer synchroniser")
+        saved, mine = state["config"], self._options()
+        changed = sorted(k for k in saved.keys() | mine.keys() if saved.get(k) != mine.get(k))
+        if changed:
+            shown = ", ".join(f"{k} ({str(saved.get(k))[:40]} → {str(mine.get(k))[:40]})" for k in changed[:5])
+            raise ConfigError(f"this state_dict is of another configuration: {shown}")
         self.t = int(state["step"])
         self.schedule.load_state_dict(state["schedule"])
         self.comm.load_state_dict(state["comm"])
         self.anchor.copy_(state["anchor"])
         self.grad_norm_sq_ema = state["grad_norm_sq_ema"]
+
+    def _options(self) -> dict:
+        """The configuration a state belongs to: every key but those that do not change training."""
+        return {k: v for k, v in self.cfg.to_dict().items() if k not in ("dist_backend", "dist_timeout")}
 
     def average_parameters_(self) -> None:
         """Every worker's model ← x̄ now (e.g. before evaluating or saving the consensus model)."""
