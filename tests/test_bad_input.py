@@ -1,6 +1,7 @@
 """Bad input, as a new user tries it: one line naming the option or file and what is allowed,
 exit 2, no traceback, a bounded line, nothing created or lost."""
 
+import dataclasses
 import json
 import string
 
@@ -11,7 +12,9 @@ from hypothesis import strategies as st
 
 from gossamer import cli
 from gossamer.cli import main
-from gossamer.config import KINDS, Config
+from gossamer.config import KINDS, Config, ConfigError, _fields, _section, load_config
+from gossamer.data import load_dataset
+from gossamer.train import build_run
 
 TINY = ["workers=2", "epochs=1", "num_samples=200", "batch_size=8"]
 
@@ -175,3 +178,83 @@ def test_random_set_values_exit_0_or_2_and_lose_nothing(key, value, data, tmp_pa
     if code == 2:
         assert not out.exists()
     assert {p.name: p.read_bytes() for p in existing_run.iterdir()} == before
+
+
+# ---------------------------------------------------------------- extreme numbers in every numeric key
+
+
+TEXT = ("dataset=text", "model=transformer", "text_chars=20000", "context=16", "width=16", "heads=2", "layers=1")
+NEEDS = {"dirichlet_alpha": ("partition=dirichlet",), "sharpness_samples": ("sharpness=true",),
+         "sharpness_iterations": ("sharpness=true",), "compute_ms": ("network=ethernet-10g",), "target_loss": TEXT,
+         "intra_node_bandwidth": ("network.workers_per_node=2",), "intra_node_latency": ("network.workers_per_node=2",)}
+SECTIONS = {"network": ("network=ethernet-10g",), "consensus": ("consensus.target=constant", "consensus.value=1")}
+# refused by code outside config, train and models, not (yet) as a ConfigError naming the key: see test_known_gaps
+GAPS = {"dirichlet_alpha", "switch_epoch", "switch_step"}
+EXTREMES = [".nan", ".inf", "-.inf", "0", "-1", "0.5", "3", "1e308", "-1e308", "5e-324", "2.5e-310", str(2**63 - 1),
+            str(2**63), str(-2**63 - 1), "1" + "0" * 400, "-1" + "0" * 400]
+
+
+def _numeric(annotation) -> bool:
+    return any(t in str(annotation) for t in ("int", "float")) and "list" not in str(annotation)
+
+
+def _numeric_keys() -> list[tuple[str, tuple[str, ...]]]:
+    """Every numeric config key with the overrides under which it applies: the general keys, the
+    keys of the sections (network., consensus.) and every registered entry's options."""
+    keys = []
+
+    def add(fields, prefix: str, base: tuple[str, ...]) -> None:
+        for f in fields:
+            section = _section(f)
+            if section is not None:
+                add(dataclasses.fields(section), f"{prefix}{f.name}.", base + SECTIONS[f.name])
+            elif _numeric(f.type) and f.name not in GAPS:
+                keys.append((prefix + f.name, base + NEEDS.get(f.name, ())))
+    add(_fields(Config), "", ())
+    for kind, registry in KINDS.items():
+        for name, entry in registry.entries.items():
+            example = entry.example if kind in ("algorithm", "optimizer") else ()
+            add(dataclasses.fields(entry.options), "", (f"{kind}={name}", *example,
+                                                        *(TEXT if name in ("text", "transformer") else ())))
+    return keys
+
+
+@pytest.fixture(scope="module")
+def tiny_mnist1d():
+    return load_dataset(load_config(None, [*TINY]))
+
+
+def _small(base: tuple[str, ...]) -> list[str]:
+    return [o for o in TINY if "dataset=text" not in base or not o.startswith("num_samples=")]
+
+
+def _load_and_build(overrides: list[str], mnist1d) -> None:
+    cfg = load_config(None, overrides)
+    if cfg.engine == "sim":  # dist builds only under torchrun
+        build_run(cfg, data=mnist1d if cfg.dataset == "mnist1d" else None)  # mnist1d: num_samples is not generated
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(_numeric_keys()), value=st.sampled_from(EXTREMES))
+def test_extreme_numbers_in_every_numeric_key_are_accepted_or_refused_naming_it(key, value, tiny_mnist1d):
+    name, base = key
+    try:
+        _load_and_build([*_small(base), *base, f"{name}={value}"], tiny_mnist1d)
+    except ConfigError as e:
+        message = str(e)
+        assert "\n" not in message and len(message) <= 300 and name.split(".")[-1] in message, (name, value, message)
+
+
+def test_every_kind_of_numeric_key_is_drawn():
+    names = {name for name, _ in _numeric_keys()}
+    assert {"workers", "lr", "seed", "compute_ms", "network.bandwidth", "network.intra_node_latency", "consensus.ema",
+            "outer_lr", "choco_gamma", "topology_seed", "dist_timeout", "adam_eps", "context", "width"} <= names
+
+
+@pytest.mark.xfail(strict=True, reason="partition.py raises ValueError; local.py names phase_steps or overflows")
+@pytest.mark.parametrize("overrides, name", [(["partition=dirichlet", "dirichlet_alpha=1e308"], "dirichlet_alpha"),
+                                             (["algorithm=post-local", "switch_step=9223372036854775807"], "switch_step"),
+                                             (["algorithm=post-local", "switch_epoch=1e308"], "switch_epoch")])
+def test_known_gaps(overrides, name, tiny_mnist1d):
+    with pytest.raises(ConfigError, match=name):
+        _load_and_build([*TINY, *overrides], tiny_mnist1d)

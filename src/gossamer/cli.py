@@ -19,15 +19,15 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .checkpoint import check_resumable
+from .checkpoint import check_checkpoint, check_resumable, restore
 from .codecs import CODECS
 from .config import KINDS, ConfigError, from_dict, load_config
 from .network import PRESETS, NetworkConfig
-from .report import (AXES, COMPARED, RunDir, axis_table, comparison_table, load_checkpoint, plot_runs, read_summary,
-                     reference_trajectory, saved_config)
+from .report import (AXES, COMPARED, RunDir, RunLock, axis_table, comparison_table, load_checkpoint, plot_runs,
+                     read_rows, read_summary, reference_trajectory, saved_config)
 from .repro import SCALES, SUITES, run_suite
 from .topology import TOPOLOGIES, analyse, build_topology
-from .train import Diverged, Interrupted, build_run, train
+from .train import Diverged, Interrupted, Progress, build_run, summarize, train
 
 
 class _Parser(argparse.ArgumentParser):
@@ -50,12 +50,27 @@ def _default_out(prefix: str) -> Path:
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-class Stopped(Exception):
-    """A signal stopped the run after a step, with a checkpoint written."""
+def _path(value: str) -> str:
+    """A path option (argparse ``type``): refused in one line when the OS cannot even look it up
+    (a name too long, a file where a folder is expected, ...); a missing path is fine."""
+    try:
+        os.stat(value)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"'{value[:100]}': {e.strerror or e}") from None
+    return value
 
-    def __init__(self, signum: int, step: int, out: Path):
+
+class Stopped(Exception):
+    """A signal stopped the run after a step: with a checkpoint written, or (``replaced``: a run
+    that was to replace another one, before its first checkpoint) leaving the old run as it was."""
+
+    def __init__(self, signum: int, step: int, out: Path, replaced: bool = False):
         name = signal.Signals(signum).name
-        super().__init__(f"{name}: stopped after step {step} with a checkpoint; resume with: "
+        super().__init__(f"{name}: stopped after step {step}, before the new run's first checkpoint; the run in "
+                         f"{out} was left as it was" if replaced else
+                         f"{name}: stopped after step {step} with a checkpoint; resume with: "
                          f"gossamer train --resume {out}")
         self.code = 128 + signum
 
@@ -82,50 +97,107 @@ def _stop_on_signals():
             signal.signal(s, h)
 
 
-def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume: bool = False) -> dict:
+def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume: bool = False,
+                 lock: RunLock | None = None) -> dict:
     """Train one config into a run directory (or continue the run there, ``resume``) and return
-    its summary.
+    its summary (``lock``: the directory's, already held).
 
     The run is built (and so every option checked) before the directory is touched. With
     ``engine: dist`` every process trains its block of workers and only rank 0 writes."""
     if cfg.engine == "dist":
-        return _run_training_dist(cfg, out, overwrite, progress, resume)
+        return _run_training_dist(cfg, out, overwrite, progress, resume, lock)
     run = build_run(cfg, reference=reference_trajectory(cfg))
-    state = load_checkpoint(out) if resume else None
-    run_dir = RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None)
+    state = _resumed_state(cfg, run, out) if resume else None
+    run_dir = RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None, lock=lock)
     return _train_into(cfg, run, run_dir, out, progress, state)
 
 
+def _resumed_state(cfg, run, out: Path) -> dict:
+    """The checkpoint of the run in ``out``, written with its config.yaml's config; a finished run
+    (its summary written) is refused."""
+    state = load_checkpoint(out)
+    check_checkpoint(cfg.to_dict(), state["config"], str(out))
+    step, total = state["step"], cfg.epochs * run.steps_per_epoch
+    if step > total or step == total and _summary_steps(out) == step:
+        raise ConfigError(f"the run is finished ({step} of {total} steps); to train longer, resume with a "
+                          f"larger epochs")
+    return state
+
+
+def _summary_steps(out: Path) -> int | None:
+    """The steps that the summary.json in ``out`` counts (None: there is none, or it is damaged)."""
+    try:
+        return read_summary(out, ("steps",))["steps"]
+    except ConfigError:
+        return None
+
+
 def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, state: dict | None) -> dict:
-    """Train ``run`` (from checkpoint ``state`` if given); only the process with a ``run_dir``
-    (rank 0) writes, every process checkpoints (the engine gathers the rows of all processes)."""
+    """Train ``run`` (from checkpoint ``state`` if given; if that is the last step, only the
+    summary is missing: it is written); only the process with a ``run_dir`` (rank 0) writes,
+    every process checkpoints (the engine gathers the rows of all processes)."""
+    signals: list[int] = []  # the signal that stops the run, the same on every process
+
     def checkpoint(state: dict) -> None:
         full = run.engine.gather_state(state)
         if run_dir:
-            run_dir.checkpoint(full)
+            run_dir.checkpoint(full, stop=bool(signals))
 
-    if run_dir:
-        run_dir.write_config(cfg)
     try:
-        with _stop_on_signals() as received:
-            flag = torch.zeros(run.engine.m, dtype=torch.bool)
-            summary = train(cfg, run, on_row=run_dir.row if run_dir else lambda row: None,
-                            on_checkpoint=checkpoint, progress=progress, resume=state,
-                            stop=lambda: run.engine.any_worker(flag.fill_(bool(received))))
+        if run_dir:
+            run_dir.write_config(cfg)
+        if state is not None and state["step"] == cfg.epochs * run.steps_per_epoch:
+            summary = _final_summary(cfg, run, state, out)
+        else:
+            with _stop_on_signals() as received:
+                summary = train(cfg, run, on_row=run_dir.row if run_dir else lambda row: None,
+                                on_checkpoint=checkpoint, progress=progress, resume=state,
+                                stop=_agreed_stop(run.engine, received, signals))
+        if run_dir:
+            run_dir.write_summary(summary)
     except Diverged as e:
         kept = f"; last good state kept in {out / 'checkpoint.pt'}" if run_dir and (run_dir.checkpoints or state) else ""
         raise Diverged(f"{e}{kept}") from None
     except Interrupted as e:
-        raise Stopped((received or [signal.SIGTERM])[0], e.step, out) from None
+        raise Stopped(signals[0], e.step, out, replaced=bool(run_dir and run_dir.replacing)) from None
     finally:
         if run_dir:
             run_dir.close()
-    if run_dir:
-        run_dir.write_summary(summary)
     return summary
 
 
-def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: bool) -> dict:
+def _agreed_stop(engine, received: list[int], signals: list[int]):
+    """``stop`` for :func:`train`: whether any process received SIGINT or SIGTERM, the same answer
+    on every process; then the signal that stops the run goes into ``signals``, the same on every
+    process (SIGINT if any process's first signal was SIGINT, else SIGTERM) — the process that
+    reports it may have received none."""
+    flag = torch.zeros(engine.m, dtype=torch.bool)
+
+    def stop() -> bool:
+        if not engine.any_worker(flag.fill_(bool(received))):
+            return False
+        interrupted = engine.any_worker(flag.fill_(received[:1] == [signal.SIGINT]))
+        signals.append(signal.SIGINT if interrupted else signal.SIGTERM)
+        return True
+    return stop
+
+
+def _final_summary(cfg, run, state: dict, out: Path) -> dict:
+    """The summary of a run killed between its final checkpoint and its summary, as :func:`train`
+    gives it: the counters from the checkpoint, the final metrics from the last row (written
+    before the checkpoint); ``wall_seconds`` is this call's, as for any resumed run."""
+    start = time.perf_counter()
+    progress = Progress()
+    run.schedule.start(run.engine, run.workers.X)
+    step = restore(run, progress, state)
+    row = read_rows(out)[-1]
+    if row["step"] != step:
+        raise ConfigError(f"--resume '{str(out)[:100]}': metrics.jsonl lacks the row of the final step {step}, "
+                          f"which summary.json is made from; train the run again")
+    return summarize(run, progress, row, start)
+
+
+def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: bool, lock: RunLock | None) -> dict:
     """engine: dist — this process's block of workers; options fail alike on every rank (the first
     rank's error); rank 0 alone writes the run directory, with the full gathered checkpoint. To
     resume, every process reads the checkpoint (the run directory must be visible to all)."""
@@ -135,9 +207,9 @@ def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: 
     engine = build_engine(cfg, resolve_device(cfg.device))
     try:
         run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
-        state = engine.agree(lambda: load_checkpoint(out) if resume else None)
-        run_dir = engine.agree(lambda: RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None)
-                               if engine.rank == 0 else None)
+        state = engine.agree(lambda: _resumed_state(cfg, run, out) if resume else None)
+        run_dir = engine.agree(lambda: RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None,
+                                              lock=lock) if engine.rank == 0 else None)
         return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0, state)
     finally:
         engine.close()
@@ -154,10 +226,23 @@ def _resumed_config(args):
     return cfg
 
 
+def _resume_lock(args) -> RunLock | None:
+    """The lock of ``--resume DIR``, taken first: its config and checkpoint are read under it (rank
+    0 holds it for all processes; a DIR that is not a folder is refused later, naming it)."""
+    if not args.resume or _rank() != 0 or not Path(args.resume).is_dir():
+        return None
+    return RunLock(Path(args.resume), "--resume")
+
+
 def cmd_train(args) -> int:
-    cfg = _resumed_config(args) if args.resume else load_config(args.config, args.set)
-    out = Path(args.resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
-    summary = run_training(cfg, out, args.overwrite, progress=not args.quiet, resume=bool(args.resume))
+    lock = _resume_lock(args)
+    try:
+        cfg = _resumed_config(args) if args.resume else load_config(args.config, args.set)
+        out = Path(args.resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
+        summary = run_training(cfg, out, args.overwrite, progress=not args.quiet, resume=bool(args.resume), lock=lock)
+    finally:
+        if lock:
+            lock.release()
     if cfg.engine == "dist" and _rank() != 0:
         return 0
     shown = [k for k in summary if k.startswith("test_")] + ["final_consensus_distance_sq", "comm_rounds"]
@@ -210,6 +295,8 @@ def cmd_plot(args) -> int:
     out = Path(args.out)
     if out.suffix.lower() != ".png":
         raise ConfigError(f"--out must name a .png file, got '{args.out[:100]}'")
+    if out.is_dir():
+        raise ConfigError(f"--out '{args.out[:100]}' is a directory; name a .png file")
     if out.exists() and not args.overwrite:
         raise ConfigError(f"--out '{args.out[:100]}' exists; pass --overwrite to replace it")
     plot_runs({str(d): Path(d) for d in args.runs}, args.x, args.y, out)
@@ -275,14 +362,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train n workers from a YAML config and --set overrides",
                        epilog=_registry_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
-    t.add_argument("config", nargs="?", help="YAML config file (defaults apply to missing keys)")
+    t.add_argument("config", nargs="?", type=_path, help="YAML config file (defaults apply to missing keys)")
     t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    t.add_argument("--out", help="run directory (default runs/ALGORITHM-nN-TIME)")
+    t.add_argument("--out", type=_path, help="run directory (default runs/ALGORITHM-nN-TIME)")
     t.add_argument("--overwrite", action="store_true",
                    help="replace the run in a non-empty --out (at the new run's first checkpoint)")
-    t.add_argument("--resume", metavar="DIR", help="continue the stopped run in DIR from its last checkpoint "
-                   "(CONFIG and --set may change only epochs, eval_every, metrics_every, checkpoint_every, logger "
-                   "and the sharpness keys)")
+    t.add_argument("--resume", metavar="DIR", type=_path,
+                   help="continue the stopped run in DIR from its last checkpoint (CONFIG and --set may change "
+                   "only epochs, eval_every, metrics_every, checkpoint_every, logger and the sharpness keys)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
@@ -298,22 +385,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_topology)
 
     c = sub.add_parser("compare", help="table of finished runs")
-    c.add_argument("runs", nargs="+", help="run directories")
+    c.add_argument("runs", nargs="+", type=_path, help="run directories")
     c.add_argument("--x", choices=list(AXES), help="along steps, epochs or simulated time: length, to target, and "
                    "the test metric at the shortest run's length")
     c.set_defaults(func=cmd_compare)
 
     pl = sub.add_parser("plot", help="test accuracy (or another metric) of runs against simulated time, steps or "
                         "epochs, in one PNG")
-    pl.add_argument("runs", nargs="+", help="run directories")
+    pl.add_argument("runs", nargs="+", type=_path, help="run directories")
     pl.add_argument("--x", choices=list(AXES), default="steps", help="the x axis (default: steps)")
     pl.add_argument("--y", help="a metric of the rows (default: test_accuracy, or test_loss for language models)")
-    pl.add_argument("--out", default="plot.png", help="the PNG to write (default plot.png)")
+    pl.add_argument("--out", default="plot.png", type=_path, help="the PNG to write (default plot.png)")
     pl.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     pl.set_defaults(func=cmd_plot)
 
     d = sub.add_parser("demo", help="All-Reduce vs ring gossip, 16 workers, MNIST-1D (about two minutes)")
-    d.add_argument("--out", help="where the two runs go (default runs/demo-TIME)")
+    d.add_argument("--out", type=_path, help="where the two runs go (default runs/demo-TIME)")
     d.add_argument("--epochs", type=int, help="epochs per run (default: the config default, 40)")
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
@@ -323,7 +410,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--scale", choices=SCALES, default="cpu",
                    help="cpu: a small workload two CPU cores run (default); paper: the papers' configs in configs/paper/ (GPUs)")
     r.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std over them)")
-    r.add_argument("--out", help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
+    r.add_argument("--out", type=_path,
+                   help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
     r.add_argument("--quick", action="store_true", help="tiny smoke-test version of --scale cpu (about a minute)")
     r.add_argument("--dry-run", action="store_true", help="check every config and print the estimated work; train nothing")
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -353,6 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(1)
     except Stopped as e:
         return _fail(str(e), e.code) if _rank() == 0 else e.code
+    except OSError as e:  # a path the OS refuses where no option's check caught it (a data file, ...)
+        if os.environ.get("GOSSAMER_DEBUG"):
+            raise
+        where = f"'{str(e.filename)[:100]}': " if e.filename else ""
+        return _fail(f"{where}{e.strerror or e}", 2) if _rank() == 0 else 2
     except KeyboardInterrupt:
         return _fail("interrupted", 130)
 

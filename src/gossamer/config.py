@@ -18,10 +18,12 @@ import copy
 import dataclasses
 import importlib.util
 import math
+from collections.abc import Hashable
 from dataclasses import MISSING, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from .algorithms import ALGORITHMS
@@ -43,6 +45,8 @@ LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
 BN_EVALS = ("average", "recompute")
 LOGGERS = ("none", "csv", "tensorboard")  # besides metrics.jsonl: metrics.csv, or TensorBoard scalars
+# seeds: a step's batches are drawn with seed * 1_000_003 + step, and torch takes seeds below 2**64
+SEED_LIMIT = 2**44
 
 
 @dataclass
@@ -109,6 +113,10 @@ class Config:
 
     def validate(self) -> Config:
         positive_ints(self, "workers", "epochs", "batch_size", "eval_every", "metrics_every", "sharpness_iterations")
+        for name in ("seed", "topology_seed"):
+            seed = getattr(self, name, None)  # topology_seed: only where the algorithm has a graph
+            if seed is not None and not 0 <= seed < SEED_LIMIT:
+                raise ConfigError(f"{name} must be an integer in [0, 2**44), got {_short(seed)}")
         if self.sharpness_samples is not None:
             positive_ints(self, "sharpness_samples")
         for name in ("sharpness_samples", "sharpness_iterations"):
@@ -129,10 +137,12 @@ class Config:
         for name in ("weight_decay", "warmup_epochs"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        self._validate_scales()
         if not 0 < self.lr_decay <= 1:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
         if any(not 0 < m < self.epochs for m in self.milestones) or self.milestones != sorted(self.milestones):
-            raise ConfigError(f"milestones must be increasing epochs in (0, epochs={self.epochs}), got {self.milestones}")
+            raise ConfigError(f"milestones must be increasing epochs in (0, epochs={self.epochs}), "
+                              f"got {_short(self.milestones)}")
         if not self.checkpoint_every > 0:
             raise ConfigError(f"checkpoint_every must be > 0 epochs, got {self.checkpoint_every}")
         if not self.dirichlet_alpha > 0:
@@ -141,6 +151,17 @@ class Config:
         for opts in self.options.values():
             opts.validate(self)
         return self
+
+    def _validate_scales(self) -> None:
+        """lr and weight_decay scale tensors of the run's dtype: they must be numbers of that dtype."""
+        largest = torch.finfo(getattr(torch, self.dtype)).max
+        linear = self.lr_scaling == "linear"
+        if self.lr * (self.workers if linear else 1) > largest:
+            raise ConfigError(f"lr must be at most {largest:.4g}{' / workers (lr_scaling linear)' if linear else ''}, "
+                              f"the largest {self.dtype}; got {self.lr:.4g}")
+        if self.weight_decay > largest:
+            raise ConfigError(f"weight_decay must be at most {largest:.4g}, the largest {self.dtype}; "
+                              f"got {self.weight_decay:.4g}")
 
     def _validate_time(self) -> None:
         if self.network is not None:
@@ -190,13 +211,13 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
             raise ConfigError(f"{name} must be a list of names, got {_short(value)}")
         return value
     if annotation == "list[int]":
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{name} must be a list of integers, got {_short(value)}")
+        if not isinstance(value, list) or not all(_is_int(v) for v in value):
+            raise ConfigError(f"{name} must be a list of integers in [-2**63, 2**63), got {_short(value)}")
         return value
     if "list" in annotation:
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             raise ConfigError(f"{name} must be a list of numbers, got {_short(value)}")
-        if not all(math.isfinite(v) for v in value):
+        if not all(_is_finite(v) for v in value):
             raise ConfigError(f"{name} must be a list of finite numbers, got {_short(value)}")
         return [float(v) for v in value]
     if value is None and "None" in annotation:
@@ -206,26 +227,44 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
             raise ConfigError(f"{name} must be true or false, got {_short(value)}")
         return value
     if annotation.startswith("int"):
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ConfigError(f"{name} must be an integer, got {_short(value)}")
+        if not _is_int(value):
+            raise ConfigError(f"{name} must be an integer in [-2**63, 2**63), got {_short(value)}")
         return value
     if annotation.startswith("float | str"):  # a number or a word (compute_ms)
-        if isinstance(value, str):
-            return value
-        return _coerce(name, value, "float")
+        number = _number(value)
+        return value if isinstance(number, str) else _coerce(name, number, "float")
     if annotation.startswith("float"):
-        if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
-            try:
-                value = float(value)
-            except ValueError:
-                pass
+        value = _number(value)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError(f"{name} must be a number, got {_short(value)}")
-        if not math.isfinite(value):
-            raise ConfigError(f"{name} must be a finite number, got {value}")
+        if not _is_finite(value):
+            raise ConfigError(f"{name} must be a finite number, got {_short(value)}")
         return float(value)
     if not isinstance(value, str):
         raise ConfigError(f"{name} must be a string, got {_short(value)}")
+    return value
+
+
+def _is_int(value: Any) -> bool:
+    """An integer that fits int64, as torch and numpy take them."""
+    return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
+
+
+def _is_finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer past float's range
+        return False
+
+
+def _number(value: Any) -> Any:
+    """A string that reads as a float (YAML 1.1 reads 1e-3, without a dot, as a string) as that
+    float; any other value as it is."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
     return value
 
 
@@ -291,10 +330,31 @@ def _not_applicable(key: str, chosen: dict, general: dict) -> ConfigError:
 
 
 MAX_YAML_NODES = 100_000  # after expanding aliases: a few hundred bytes of anchors can stand for billions
+MERGE_TAG = "tag:yaml.org,2002:merge"  # "<<: *defaults": keys that the mapping's own may override
+
+
+class _RepeatedKey(yaml.YAMLError):
+    """A mapping names one key twice (YAML would keep the last value silently)."""
+
+    def __init__(self, key: Any, line: int):
+        super().__init__(key, line)
+        self.key, self.line = key, line
 
 
 class _BoundedLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing documents whose aliases expand past :data:`MAX_YAML_NODES`."""
+    """YAML's safe loader, refusing documents whose aliases expand past :data:`MAX_YAML_NODES`
+    and mappings that repeat a key (a ``<<`` merge's keys may be overridden)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node in (k for k, _ in node.value if k.tag != MERGE_TAG):
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, Hashable):
+                continue  # the base class refuses it
+            if key in seen:
+                raise _RepeatedKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
 
     def compose_document(self):
         node = super().compose_document()
@@ -312,12 +372,18 @@ class _BoundedLoader(yaml.SafeLoader):
         return node
 
 
+class YAMLSyntaxError(ConfigError):
+    """Text that is not YAML at all (``--set`` then takes it as a plain string)."""
+
+
 def parse_yaml(text: str, what: str) -> Any:
-    """``text`` as YAML (safe, aliases bounded); errors name ``what``."""
+    """``text`` as YAML (safe, aliases bounded, no key repeated); errors name ``what``."""
     try:
         return yaml.load(text, Loader=_BoundedLoader)
+    except _RepeatedKey as e:
+        raise ConfigError(f"{what} gives the key '{_short(e.key)}' twice (line {e.line}); give each key once") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"{what} is not valid YAML: {str(e).splitlines()[0][:100]}") from None
+        raise YAMLSyntaxError(f"{what} is not valid YAML: {str(e).splitlines()[0][:100]}") from None
     except RecursionError:
         raise ConfigError(f"{what} nests too deeply") from None
 
@@ -357,9 +423,7 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"--set expects KEY=VALUE, got '{_short(text)}'")
     try:
         value = parse_yaml(raw, f"--set {_short(key)}") if raw.strip() else ""
-    except ConfigError as e:
-        if "aliases" in str(e):
-            raise
+    except YAMLSyntaxError:
         value = raw
     return key.strip(), value
 

@@ -65,9 +65,9 @@ class ConsensusConfig:
     def validate(self) -> None:
         t = self.target
         if t not in ("none", "constant", "gradient") and not (t.startswith("run:") and len(t) > 4):
-            raise ConfigError(f"unknown consensus.target '{t[:100]}'; choose one of: none, constant, gradient, run:DIR")
+            raise ConfigError(f"unknown consensus.target {t[:100]!r}; choose one of: none, constant, gradient, run:DIR")
         if self.action not in ACTIONS:
-            raise ConfigError(f"unknown consensus.action '{self.action[:100]}'; choose one of: {', '.join(ACTIONS)}")
+            raise ConfigError(f"unknown consensus.action {self.action[:100]!r}; choose one of: {', '.join(ACTIONS)}")
         frequency = self.action == "frequency"
         if t == "constant" and not (self.value > 0 or frequency and self.value == 0):
             raise ConfigError(f"consensus.target constant needs consensus.value > 0 (or 0 with consensus.action "
@@ -77,7 +77,7 @@ class ConsensusConfig:
         if self.max_extra_rounds < 0:
             raise ConfigError(f"consensus.max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
         if self.on_budget not in ON_BUDGET:
-            raise ConfigError(f"unknown consensus.on_budget '{self.on_budget}'; choose one of: {', '.join(ON_BUDGET)}")
+            raise ConfigError(f"unknown consensus.on_budget {self.on_budget[:100]!r}; choose one of: {', '.join(ON_BUDGET)}")
         if not 0 <= self.ema < 1:
             raise ConfigError(f"consensus.ema must be in [0, 1), got {self.ema}")
         positive_ints(self, "max_local_steps", prefix="consensus.")
@@ -90,7 +90,7 @@ class ConsensusConfig:
         if frequency and t == "none":
             raise ConfigError("consensus.action frequency needs consensus.target (constant, gradient or run:DIR)")
         if self.measure not in MEASURES:
-            raise ConfigError(f"unknown consensus.measure '{self.measure[:100]}'; choose one of: {', '.join(MEASURES)}")
+            raise ConfigError(f"unknown consensus.measure {self.measure[:100]!r}; choose one of: {', '.join(MEASURES)}")
         if self.measure != "exact" and self.action != "rounds":
             raise ConfigError(f"consensus.measure {self.measure[:100]} applies to consensus.action rounds, not {self.action}")
 

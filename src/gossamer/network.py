@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -47,10 +48,12 @@ from typing import Callable
 import numpy as np
 import torch
 
-from .engines.stats import METRICS, Event
+from .data.partition import steps_per_epoch
+from .engines.stats import BYTES_PER_VALUE, METRICS, Event
 from .registry import ConfigError
 
 BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
+HORIZON_ROOM = 1e3  # a run's simulated time must stay finite with this much more communication per step
 
 
 @dataclass(frozen=True)
@@ -126,8 +129,25 @@ class NetworkConfig:
             bandwidth, latency = getattr(self, prefix + "bandwidth"), getattr(self, prefix + "latency")
             if bandwidth is not None and not bandwidth > 0:
                 raise ConfigError(f"network.{prefix}bandwidth must be > 0 Gbit/s, got {bandwidth}")
+            if bandwidth is not None and bandwidth < sys.float_info.min:  # subnormal: b/β overflows
+                raise ConfigError(f"network.{prefix}bandwidth must be a normal float >= {sys.float_info.min:.4g} "
+                                  f"Gbit/s, got {bandwidth:.4g}")
             if latency is not None and not latency >= 0:
                 raise ConfigError(f"network.{prefix}latency must be >= 0 µs, got {latency}")
+
+    def check_finite(self, nbytes: float, workers: int, compute: float, steps: int) -> None:
+        """Refuse a time model whose simulated time overflows: ``steps`` steps of ``compute``
+        seconds, each with an all-reduce of ``nbytes`` and one such message to every other worker,
+        with room (:data:`HORIZON_ROOM`) for extra gossip rounds and measurement traffic."""
+        if not math.isfinite(compute * steps * HORIZON_ROOM):
+            raise ConfigError(f"compute_ms of {compute * 1000:.4g} ms makes the {steps:,} steps of this run take "
+                              f"{compute * steps:.4g} s: the simulated time would not be finite; give a smaller one")
+        slowest = max(self.link.message(nbytes), self.intra_link.message(nbytes))
+        comm = self.seconds(Event("allreduce", workers, nbytes, "global")) + (workers - 1) * slowest
+        if not math.isfinite(comm * steps * HORIZON_ROOM):
+            raise ConfigError(f"network.bandwidth {self.bandwidth:.4g} Gbit/s and network.latency {self.latency:.4g} µs "
+                              f"make a step of the {nbytes:,.0f}-byte model take up to {comm:.4g} s: the simulated time "
+                              f"of {steps:,} steps would not be finite; give a larger bandwidth or a smaller latency")
 
     @property
     def link(self) -> Link:
@@ -270,6 +290,8 @@ def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -
         step = flops / (float(value[len(FLOPS):]) * 1e12)
     else:
         step = value / 1000
+    steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+    cfg.network.check_finite(sum(p.numel() for p in model.parameters()) * BYTES_PER_VALUE, cfg.workers, step or 0.0, steps)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     return Clock(cfg.network, step, sync)
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
+import fcntl
 import json
 import math
 import os
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import torch
@@ -16,10 +21,19 @@ from .config import Config, ConfigError, read_yaml
 from .checkpoint import FORMAT
 
 
-RUN_FILES = ("config.yaml", "metrics.jsonl", "metrics.csv", "summary.json", "checkpoint.pt")
-RUN_DIRS = ("tensorboard",)  # written by logger: tensorboard
-MARKER = ".gossamer-run"  # written into every run directory: its run files were written by gossamer
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt")  # what every run writes
+LOGGED = {"none": (), "csv": ("metrics.csv",), "tensorboard": ("tensorboard",)}  # and what its logger writes
+MARKER = ".gossamer-run"  # in every run directory: the names its runs wrote (all --overwrite may replace)
+MARKER_HEAD = "written by gossamer: --overwrite may replace the run files listed below"
+LOCK = ".gossamer-lock"  # locked (flock) by the run that writes the directory
 STAGING = ".gossamer-new"  # where a run that replaces another one writes until its first checkpoint
+ASIDE = ".gossamer-aside"  # the replaced run's files while they are moved out of the way,
+OLD = ".gossamer-old"  # and once all of them are (the new run's are moved in, then this is deleted)
+
+
+def warn(message: str) -> None:
+    """One line on stderr about something done that the user should know of."""
+    print(f"gossamer: warning: {' '.join(message.split())}", file=sys.stderr)
 
 
 def write_atomic(path: Path, write) -> None:
@@ -37,105 +51,289 @@ def write_atomic(path: Path, write) -> None:
         raise
 
 
+def save(state: dict, f) -> None:
+    """``torch.save`` into ``f``; a write that failed (a full disk) raises its OSError, not torch's
+    "unexpected pos"."""
+    try:
+        torch.save(state, f)
+    except RuntimeError as e:
+        if isinstance(e.__context__, OSError):
+            raise e.__context__ from None
+        if "unexpected pos" in str(e):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)) from None
+        raise
+
+
 def is_run(path: Path) -> bool:
     """Whether ``path`` holds a gossamer run (its marker, or the files of a run from before it)."""
     names = {p.name for p in path.iterdir()} if path.is_dir() else set()
     return MARKER in names or ({"config.yaml", "metrics.jsonl"} <= names and bool({"checkpoint.pt", "summary.json"} & names))
 
 
+def written(path: Path) -> set[str]:
+    """The names the gossamer runs in ``path`` wrote, as its marker lists them (a marker or a run
+    from before the list: the run files, and tensorboard/ where config.yaml has that logger)."""
+    listed = (path / MARKER).read_text().splitlines()[1:] if (path / MARKER).is_file() else []
+    if listed:
+        return set(listed)
+    try:
+        logger = read_yaml(path / "config.yaml").get("logger", "none")
+    except (ConfigError, AttributeError):
+        logger = "none"
+    return {*RUN_FILES, "metrics.csv", *LOGGED.get(logger, ())}
+
+
+def _write_marker(folder: Path, names) -> None:
+    text = "\n".join([MARKER_HEAD, *sorted(names)]) + "\n"
+    write_atomic(folder / MARKER, lambda f: f.write(text.encode()))
+
+
+def swap_in(path: Path, old: set[str]) -> None:
+    """Replace the run in ``path`` (its names ``old``) by the one staged in STAGING, recoverably:
+    the old run's files are moved into ASIDE, which is then renamed OLD (all of them are out),
+    the new run's files are moved in, OLD is deleted. :func:`recover` finishes or undoes it
+    after a kill at any point."""
+    aside = path / ASIDE
+    aside.mkdir()
+    for name in sorted(old & {p.name for p in path.iterdir()}) + [MARKER]:
+        os.replace(path / name, aside / name)
+    os.replace(aside, path / OLD)
+    _finish_swap(path)
+
+
+def _finish_swap(path: Path) -> None:
+    staging = path / STAGING
+    if staging.is_dir():
+        for p in sorted(staging.iterdir()):
+            os.replace(p, path / p.name)
+    shutil.rmtree(path / OLD)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def recover(path: Path) -> str | None:
+    """Repair what a killed run left in ``path`` (whose lock is held) and say what was done: a
+    swap that had not moved all of the old run aside is undone, one that had is finished; a
+    staging folder alone (a run that never checkpointed) is deleted."""
+    if (path / ASIDE).is_dir():
+        for p in (path / ASIDE).iterdir():
+            os.replace(p, path / p.name)
+        (path / ASIDE).rmdir()
+        shutil.rmtree(path / STAGING, ignore_errors=True)
+        return "a run that was replacing the run here was killed: restored the previous run"
+    if (path / OLD).is_dir():
+        _finish_swap(path)
+        return "a run that was replacing the run here was killed after its first checkpoint: finished moving it in"
+    shutil.rmtree(path / STAGING, ignore_errors=True)
+    return None
+
+
+@contextlib.contextmanager
+def _signals_deferred():
+    """Within the block SIGINT and SIGTERM wait (they arrive after it): a swap is not cut short."""
+    signals = {signal.SIGINT, signal.SIGTERM}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signals)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+class RunLock:
+    """A run directory held by one run: an exclusive flock on its LOCK file, which a second run
+    into the folder finds taken (refused at once); :meth:`release` removes it. Once the lock is
+    held, what a killed run left there is repaired (:func:`recover`), with one line on stderr."""
+
+    def __init__(self, path: Path, option: str):
+        self.path, self._fd = path, None
+        try:
+            while self._fd is None:
+                fd = os.open(path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(fd)
+                    raise ConfigError(f"{option} '{_short(path)}' is in use by another run (its {LOCK} is locked); "
+                                      f"wait for that run to end or choose another folder") from None
+                if _same_file(fd, path / LOCK):
+                    self._fd = fd
+                else:  # its last holder removed it meanwhile: lock the file there now
+                    os.close(fd)
+            done = recover(path)
+        except OSError as e:
+            self.release()
+            raise ConfigError(f"{option} '{_short(path)}': cannot take it for this run ({e.strerror or e})") from None
+        if done:
+            warn(f"{option} '{_short(path)}': {done}")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            (self.path / LOCK).unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
 class RunDir:
     """A run's output folder: config.yaml, metrics.jsonl, summary.json, checkpoint.pt (and a marker).
 
+    - It is locked for the life of the run (:class:`RunLock`; ``lock``: one already held).
     - A missing or empty folder is written in place.
-    - A non-empty one is refused unless ``overwrite``. Then it must hold a gossamer run (no file
-      the run would write may be someone else's), and nothing of the old run is removed until the
-      new one has written its first checkpoint: until then it writes into a staging folder inside
-      (a new run that fails to start or diverges before that leaves the old run as it was).
-      Files that are not a run's stay.
+    - A non-empty one is refused unless ``overwrite``. Then it must hold a gossamer run (its
+      marker), no name the new run writes may be someone else's, and nothing of the old run is
+      removed until the new one has written its first regular checkpoint (not one a signal asked
+      for): until then it writes into a staging folder inside (a new run that fails to start,
+      diverges or is stopped before that leaves the old run as it was); then the two are swapped
+      (:func:`swap_in`). Only the names the old run wrote are replaced; other files stay.
     - ``resume``: the folder's own run continues; metrics.jsonl is cut back to the checkpoint.
     Every file but metrics.jsonl is written atomically; metrics.jsonl is flushed to disk at every
-    checkpoint and evaluation.
+    checkpoint and evaluation. An OSError while writing (a full disk) is one line naming the file.
     """
 
     def __init__(self, path: str | Path, overwrite: bool = False, logger: str = "none",
-                 resume_step: int | None = None):
+                 resume_step: int | None = None, lock: RunLock | None = None):
         self.path = Path(path)
         self.dir = self.path
+        self.option = "--out" if resume_step is None else "--resume"
         self.checkpoints = 0  # written by this run
+        self._metrics = self._logger = None
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"--out '{_short(self.path)}' exists and is not a directory")
-        if resume_step is None and self.path.is_dir() and any(p.name != STAGING for p in self.path.iterdir()):
+        with self._os_errors("cannot write a run there"):
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._lock = lock or RunLock(self.path, self.option)
+        try:
+            names = {*RUN_FILES, *LOGGED[logger]}
+            old = self._check(names, overwrite, resume_step)
+            with self._os_errors("cannot write a run there"):
+                self._open(names, old, logger, resume_step)
+        except BaseException:
+            self.close()
+            raise
+
+    @contextlib.contextmanager
+    def _os_errors(self, what: str):
+        """An OSError within (a full disk, a read-only file system) → one line: ``what`` and the OS's reason."""
+        try:
+            yield
+        except OSError as e:
+            raise ConfigError(f"{self.option} '{_short(self.path)}': {what} ({e.strerror or e})") from None
+
+    def _check(self, names: set[str], overwrite: bool, resume_step: int | None) -> set[str]:
+        """Refuse what would replace files the user had; returns the names the old run wrote
+        (to replace: empty for a folder without a run)."""
+        present = {p.name for p in self.path.iterdir()} - {LOCK}
+        if not present:
+            return set()
+        if resume_step is None:
             if not overwrite:
                 raise ConfigError(f"--out '{_short(self.path)}' is not empty; pass --overwrite to replace its run")
-            foreign = [n for n in RUN_FILES if (self.path / n).exists()] if not is_run(self.path) else []
-            if foreign:
-                raise ConfigError(f"--out '{_short(self.path)}' holds {foreign[0]}, which no gossamer run wrote; "
-                                  f"--overwrite replaces only a run's own files: choose another --out")
+            if MARKER not in present:
+                theirs = sorted(set(RUN_FILES) & present)
+                held = f": it holds {theirs[0]}, which no gossamer run wrote" if theirs else ""
+                raise ConfigError(f"--out '{_short(self.path)}' does not look like a gossamer run directory (no "
+                                  f"{MARKER} marker){held}; nothing was changed: choose another --out")
+        old = written(self.path)
+        theirs = sorted((names & present) - old)
+        if theirs:
+            raise ConfigError(f"{self.option} '{_short(self.path)}' holds {theirs[0]}, which no gossamer run wrote; "
+                              f"a run replaces only its own files: choose another folder")
+        return old
+
+    def _open(self, names: set[str], old: set[str], logger: str, resume_step: int | None) -> None:
+        """The marker (the names this run writes), metrics.jsonl and the logger's files, in place
+        or (a run to replace) in the staging folder."""
+        self._replaced = old
+        if old and resume_step is None:
             self.dir = self.path / STAGING
-        try:
-            if self.dir != self.path:
-                shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir.mkdir(parents=True, exist_ok=True)
-            (self.dir / MARKER).write_text("written by gossamer: --overwrite may replace the run files here\n")
-            metrics = self.dir / "metrics.jsonl"
-            if resume_step is not None:
-                kept = [line for line in metrics.read_text().splitlines()
-                        if line and json.loads(line).get("step", 0) <= resume_step]
-                write_atomic(metrics, lambda f: f.write("".join(line + "\n" for line in kept).encode()))
-            self._metrics = open(metrics, "a" if resume_step is not None else "w")
-            self._logger = make_logger(logger, self.dir, resume_step)
-        except OSError as e:
-            raise ConfigError(f"--out '{_short(self.path)}': cannot write a run there ({e.strerror or e})") from None
+            self.dir.mkdir()
+        _write_marker(self.dir, names | (old if resume_step is not None else set()))
+        metrics = self.dir / "metrics.jsonl"
+        if resume_step is not None:
+            self._cut(metrics, resume_step)
+        self._metrics = open(metrics, "a" if resume_step is not None else "w")
+        self._logger = make_logger(logger, self.dir, resume_step)
+
+    def _cut(self, metrics: Path, step: int) -> None:
+        """metrics.jsonl back to the rows up to ``step`` (the resumed run writes the rest again);
+        a partial last line (a crash while it was written) is cut with a warning."""
+        lines = metrics.read_text(errors="replace").split("\n")
+        if lines[-1]:
+            warn(f"{_short(metrics)} ends in a partial line (a crash while it was written): cut it")
+        kept = []
+        for number, line in enumerate(lines[:-1], start=1):
+            try:
+                row_step = json.loads(line)["step"] if line else None
+            except (ValueError, TypeError, KeyError):
+                raise ConfigError(f"--resume '{_short(self.path)}': metrics.jsonl line {number} is not a metric "
+                                  f"row: {_short(line)}") from None
+            if row_step is not None and row_step <= step:
+                kept.append(line)
+        write_atomic(metrics, lambda f: f.write("".join(line + "\n" for line in kept).encode()))
 
     def write_config(self, cfg: Config) -> None:
         text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
-        write_atomic(self.dir / "config.yaml", lambda f: f.write(text.encode()))
+        with self._os_errors("cannot write config.yaml"):
+            write_atomic(self.dir / "config.yaml", lambda f: f.write(text.encode()))
 
     def row(self, row: dict) -> None:
-        self._metrics.write(json.dumps(row) + "\n")
-        if self._logger is not None:
-            self._logger.row(row)
-        if any(k.startswith("test_") for k in row):  # an evaluation
-            self.flush()
+        with self._os_errors("cannot write metrics.jsonl"):
+            self._metrics.write(json.dumps(row) + "\n")
+            if self._logger is not None:
+                self._logger.row(row)
+            if any(k.startswith("test_") for k in row):  # an evaluation
+                self.flush()
 
     def flush(self) -> None:
-        self._metrics.flush()
-        os.fsync(self._metrics.fileno())
+        with self._os_errors("cannot write metrics.jsonl"):
+            self._metrics.flush()
+            os.fsync(self._metrics.fileno())
 
-    def checkpoint(self, state: dict) -> None:
+    def checkpoint(self, state: dict, stop: bool = False) -> None:
         """The rows written so far reach the disk, then the checkpoint replaces the previous one;
-        the first checkpoint of a run that replaces another one moves it into place."""
+        the first regular checkpoint of a run that replaces another one swaps it in. A ``stop``
+        checkpoint (a signal asked for it) of such a run is not written: the old run stays."""
+        if stop and self.replacing:
+            return
         self.flush()
-        write_atomic(self.dir / "checkpoint.pt", lambda f: torch.save(state, f))
+        with self._os_errors("cannot write checkpoint.pt"):
+            write_atomic(self.dir / "checkpoint.pt", lambda f: save(state, f))
         self.checkpoints += 1
-        if self.dir != self.path:
-            self._commit()
+        if self.replacing:
+            with self._os_errors("cannot replace the old run's files"), _signals_deferred():
+                swap_in(self.path, self._replaced)
+            self.dir = self.path  # open files (metrics, logger) moved with their directory entries
+            if self._logger is not None:
+                self._logger.moved(self.path)
 
-    def _commit(self) -> None:
-        """Replace the old run's files by the staged ones (the new run now has a checkpoint)."""
-        for name in RUN_FILES:
-            (self.path / name).unlink(missing_ok=True)
-        for name in RUN_DIRS:
-            shutil.rmtree(self.path / name, ignore_errors=True)
-        for name in (*RUN_FILES, *RUN_DIRS, MARKER):
-            if (self.dir / name).exists():
-                os.replace(self.dir / name, self.path / name)
-        self.dir.rmdir()
-        self.dir = self.path  # open files (metrics, logger) moved with their directory entries
-        if self._logger is not None:
-            self._logger.moved(self.path)
+    @property
+    def replacing(self) -> bool:
+        """Whether the run still writes into the staging folder (the old run is in place)."""
+        return self.dir != self.path
 
     def write_summary(self, summary: dict) -> None:
         text = json.dumps(summary, indent=2) + "\n"
-        write_atomic(self.dir / "summary.json", lambda f: f.write(text.encode()))
+        with self._os_errors("cannot write summary.json"):
+            write_atomic(self.dir / "summary.json", lambda f: f.write(text.encode()))
 
     def close(self) -> None:
-        """Close the metrics file; a staged run that never checkpointed is removed."""
-        self._metrics.close()
-        if self._logger is not None:
-            self._logger.close()
-        if self.dir != self.path:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        """Close the files (what a full disk kept from them is lost), remove a staged run that
+        never swapped in (or repair a swap that failed half way), let go of the folder."""
+        try:
+            for file in (self._metrics, self._logger):
+                if file is not None:
+                    with contextlib.suppress(OSError):
+                        file.close()
+            if self.replacing:
+                with contextlib.suppress(OSError):
+                    recover(self.path)
+        finally:
+            self._lock.release()
 
 
 def scalars(row: dict, prefix: str = "") -> dict[str, float]:
@@ -227,9 +425,9 @@ def load_checkpoint(path: str | Path) -> dict:
                           f"stopped before its first checkpoint)")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated or foreign file
-        raise ConfigError(f"--resume '{_short(path)}': checkpoint.pt cannot be read ({str(e).splitlines()[0][:100]})") \
-            from None
+    except Exception as e:  # an empty, truncated or foreign file
+        reason = str(e).strip().splitlines()[0][:100] if str(e).strip() else "it ends early: empty or truncated"
+        raise ConfigError(f"--resume '{_short(path)}': checkpoint.pt cannot be read ({reason})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else None
         raise ConfigError(f"--resume '{_short(path)}': checkpoint.pt is of format {found}, this gossamer reads "
@@ -421,8 +619,12 @@ def plot_runs(runs: dict[str, Path], x: str, y: str | None, out: Path, title: st
     ax.set(xlabel=AXES[x][1], ylabel=y, title=title)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(out, dpi=120)
-    plt.close(fig)
+    try:
+        write_atomic(out, lambda f: fig.savefig(f, format="png", dpi=120))
+    except OSError as e:
+        raise ConfigError(f"--out '{_short(out)}': cannot write the plot there ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)
 
 
 def _pyplot():

@@ -372,19 +372,21 @@ def _first_connected(draw, spec: str, n: int, seed: int, knob: str) -> Mixing:
 @TOPOLOGIES.register("erdos-renyi", spec="erdos-renyi[:Q]", takes="optional",
                      help="G(n, Q) redrawn until connected (default Q = 0.3), Metropolis–Hastings weights")
 def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
-    name = "erdos-renyi"
+    q = _edge_probability(arg)
+    return _first_connected(lambda s: nx.erdos_renyi_graph(n, q, seed=s), f"erdos-renyi:{q}", n, seed, "Q")
+
+
+def _edge_probability(arg: str | None) -> float:
+    """Q of ``erdos-renyi[:Q]`` (default 0.3)."""
     if arg is None:
-        q = 0.3
-    else:
-        try:
-            q = float(arg)
-        except ValueError:
-            raise TopologyError(
-                f"topology '{name}' takes an edge probability Q in (0, 1], got '{arg}'"
-            ) from None
+        return 0.3
+    try:
+        q = float(arg)
+    except ValueError:
+        raise TopologyError(f"topology 'erdos-renyi' takes an edge probability Q in (0, 1], got '{_short(arg)}'") from None
     if not (0.0 < q <= 1.0):
-        raise TopologyError(f"topology '{name}' needs edge probability 0 < Q <= 1, got Q = {q}")
-    return _first_connected(lambda s: nx.erdos_renyi_graph(n, q, seed=s), f"{name}:{q}", n, seed, "Q")
+        raise TopologyError(f"topology 'erdos-renyi' needs edge probability 0 < Q <= 1, got Q = {q}")
+    return q
 
 
 @TOPOLOGIES.register("edges", spec="edges:FILE", takes="required",
@@ -441,14 +443,15 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     if not nx.is_connected(g):
         k = nx.number_connected_components(g)
         raise TopologyError(
-            f"topology '{name}': graph in {path} is not connected on n = {n} nodes "
+            f"topology '{name}': graph in {_short(path)} is not connected on n = {n} nodes "
             f"({k} components)"
         )
     return _metropolis_hastings(g, n)
 
 
 def _short(text: str) -> str:
-    """At most ~100 characters of a value, for error lines."""
+    """At most ~100 characters of a value, for error lines (non-printable characters escaped)."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:200])
     return text if len(text) <= 100 else text[:97] + "..."
 
 
@@ -458,7 +461,7 @@ def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
     try:
         return int(arg)
     except ValueError:
-        raise TopologyError(f"topology '{name}' takes an integer {what}, got '{arg}'") from None
+        raise TopologyError(f"topology '{name}' takes an integer {what}, got '{_short(arg)}'") from None
 
 
 def _check_stochastic(m: Mixing, name: str, t: int = 0) -> bool:
@@ -498,21 +501,97 @@ def _check_strongly_connected(mixings: tuple[Mixing, ...], name: str) -> None:
 def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
     """Build and validate the topology named by `spec` ('name' or 'name:param') for n workers."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TopologyError(f"topology '{spec}' needs an integer number of workers n, got {n!r}")
+        raise TopologyError(f"topology '{_short(spec)}' needs an integer number of workers n, got {_short(repr(n))}")
     n = int(n)
     if n < 1:
-        raise TopologyError(f"topology '{spec}' needs n >= 1 workers, got n = {n}")
+        raise TopologyError(f"topology '{_short(spec)}' needs n >= 1 workers, got n = {n}")
     entry, param = TOPOLOGIES.parse(spec)
+    _check_fits(f"building topology '{_short(spec)}'", n, lambda k: graph_bytes(spec, k))
     built = entry.build(n, param, seed)
     mixings = built if isinstance(built, tuple) else (built,)
     doubly = True
     for t, m in enumerate(mixings):
         if m.n != n:
-            raise TopologyError(f"topology '{spec}': W_{t} has {m.n} workers, expected {n}")
-        doubly &= _check_stochastic(m, spec, t)
+            raise TopologyError(f"topology '{_short(spec)}': W_{t} has {m.n} workers, expected {n}")
+        doubly &= _check_stochastic(m, _short(spec), t)
     if not doubly:
-        _check_strongly_connected(mixings, spec)
+        _check_strongly_connected(mixings, _short(spec))
     return Topology(name=spec, n=n, mixings=mixings, doubly_stochastic=doubly)
+
+
+# --------------------------------------------------------------------------- memory
+
+# Peak bytes of building and analysing a topology, measured (build_topology, then analyse) on
+# complete, ring, exponential, torus, random-regular and erdos-renyi graphs of 10^3-10^6 workers
+# and rounded up: per neighbour slot of the period's W_t (index and weight, and the copies their
+# construction, checks and spectra make), and per edge and node of a networkx graph.
+SLOT_BYTES = 96
+EDGE_BYTES = 256
+NODE_BYTES = 384
+DENSE_BYTES = 80  # per entry of the n×n matrices of a directed topology's spectrum (W_t, their product, eigenvectors)
+
+
+def free_memory() -> int | None:
+    """Bytes of memory free on this host (None where the system does not say): what memory
+    preflights compare their estimates with."""
+    if hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _random_regular_size(n: int, param: str | None) -> tuple[float, float, int]:
+    d = _parse_int("random-regular", param, default=4, what="degree D")
+    return (d + 1) * n, n * d / 2, n
+
+
+def _erdos_renyi_size(n: int, param: str | None) -> tuple[float, float, int]:
+    q = _edge_probability(param)  # slots: 1 + the largest degree, about Q·n + a few standard deviations
+    return n * min(n, 2 + q * n + 4 * math.sqrt(q * n)), q * n * (n - 1) / 2, n
+
+
+def _edges_size(n: int, path: str) -> tuple[float, float, int]:
+    edges = os.path.getsize(path) // 4 if os.path.isfile(path) else 0  # a line "i j" takes at least 4 bytes
+    return n + 2 * edges, edges, n
+
+
+def _log(n: int) -> int:
+    return max(n - 1, 1).bit_length()
+
+
+# (neighbour slots over one period and in its union, networkx edges, networkx nodes) of each
+# topology for n workers and its parameter
+SIZES: dict[str, Callable[[int, str | None], tuple[float, float, int]]] = {
+    "complete": lambda n, _: (n * n, 0, 0),
+    "ring": lambda n, _: (3 * n, 0, 0),
+    "torus": lambda n, _: (5 * n, 0, 0),
+    "exponential": lambda n, _: ((1 + 2 * _log(n)) * n, 0, 0),
+    "one-peer-exponential": lambda n, _: (3 * _log(n) * n, 0, 0),
+    "directed-exponential": lambda n, _: (3 * _log(n) * n, 0, 0),
+    "random-regular": _random_regular_size,
+    "erdos-renyi": _erdos_renyi_size,
+    "edges": _edges_size,
+}
+
+
+def graph_bytes(spec: str, n: int) -> int:
+    """About the memory building and analysing topology ``spec`` for n workers takes at its peak."""
+    entry, param = TOPOLOGIES.parse(spec)
+    slots, edges, nodes = SIZES[entry.name](n, param)
+    return int(SLOT_BYTES * slots + EDGE_BYTES * edges + NODE_BYTES * nodes)
+
+
+def _check_fits(what: str, n: int, need: Callable[[int], int]) -> None:
+    """Refuse ``what`` for n workers before it starts when it needs (``need(n)`` bytes, growing with
+    n) more memory than is free, saying how many workers fit."""
+    free = free_memory()
+    if free is None or need(n) <= free:
+        return
+    low, high = 0, n
+    while low < high - 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if need(mid) <= free else (low, mid)
+    raise TopologyError(f"{what} with n = {n} workers (-n, or workers in a run) needs about {need(n) / 2**30:.1f} GiB, "
+                        f"more than the {free / 2**30:.1f} GiB free; at most n = {low} fits")
 
 
 # --------------------------------------------------------------------------- analysis
@@ -568,6 +647,9 @@ def spectral_gap(topology: Topology) -> float:
     products of doubly stochastic W; for a directed topology J = pi 1^T (:func:`_norm_minus_limit`)."""
     if topology.n == 1:
         return 1.0
+    if not topology.doubly_stochastic:
+        _check_fits(f"the spectral gap of directed topology '{_short(topology.name)}' (dense)", topology.n,
+                    lambda n: DENSE_BYTES * n * n)
     norm = _norm_minus_mean if topology.doubly_stochastic else _norm_minus_limit
     rho = 1.0 - norm(topology.mixings) ** (1.0 / topology.period)
     return float(min(1.0, max(0.0, rho)))

@@ -11,11 +11,11 @@ the operators the engine counted) into the simulated time ``sim_seconds``.
 
 from __future__ import annotations
 
+import inspect
 import math
-import os
 import time
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch.optim.swa_utils import update_bn
@@ -27,12 +27,14 @@ from .config import Config, ConfigError
 from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
 from .engines import Engine, build_engine
-from .models import build_model, no_decay_mask
+from .models import Footprint, build_model, footprint, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
-from .sharpness import model_sharpness, training_subset
+from .sharpness import HVP_CHUNK, model_sharpness, training_subset
+from .sharpness import SAMPLES as SHARPNESS_SAMPLES
 from .tasks import TASKS, Task
-from .workers import WorkerMatrix, flatten
+from .topology import free_memory
+from .workers import VMAP_MAX_PARAMETERS_CPU, WorkerMatrix, flatten
 
 
 class Diverged(RuntimeError):
@@ -124,10 +126,10 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
                           f"{data.task} task: use partition: iid")
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)
               if cfg.partition == "dirichlet" else None)
+    _check_memory(cfg, data, task, engine.m, dtype, device)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, data).to(dtype)
     cfg.bn_eval = resolve_bn_eval(cfg, model)
-    _check_memory(engine.m, sum(p.numel() for p in model.parameters()), dtype, device)
     workers = WorkerMatrix(model, engine.m, device, backend=cfg.grad_backend, loss=task.loss)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
     decay = decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X)
@@ -165,20 +167,82 @@ def reached_target(cfg: Config, row: dict) -> bool:
     return cfg.target_loss is not None and row["test_loss"] <= cfg.target_loss
 
 
-def _check_memory(m: int, d: int, dtype: torch.dtype, device: torch.device) -> None:
-    """Refuse, before allocating, a worker matrix that cannot fit: m rows of d values for X, G, a
-    scratch copy and at least two rows of optimizer or schedule state."""
-    need = 5 * m * d * torch.empty(0, dtype=dtype).element_size()
-    if device.type == "cuda":
-        free = torch.cuda.mem_get_info(device)[0]
-    elif hasattr(os, "sysconf") and "SC_AVPHYS_PAGES" in os.sysconf_names:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    else:
+def _check_memory(cfg: Config, data: Dataset, task: Task, m: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse, before building the model, a run that cannot fit in the memory free on its device:
+    m rows of d values for X, G, a scratch copy and at least two rows of optimizer or schedule
+    state, and the most activations alive at once (:func:`_activations`)."""
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else free_memory()
+    if free is None:
         return
-    if need > free:
-        raise ConfigError(f"workers: {m} workers of a {d:,}-parameter model need at least {need / 2**30:.1f} GiB "
-                          f"(5 copies of the [{m}, {d}] worker matrix), more than the {free / 2**30:.1f} GiB free "
-                          f"on {device.type}; use fewer workers (or engine=dist across machines)")
+    size, value = footprint(cfg, data), torch.empty(0, dtype=dtype).element_size()
+    matrix = 5 * m * size.parameters * value
+    held = _activations(cfg, data, task, m, device, size)
+    need = matrix + held.values * value
+    if need <= free:
+        return
+    if matrix < held.values * value:
+        option, advice = held.option, held.advice
+    elif 5 * size.parameters * value > free:  # not even one worker's rows
+        option, advice = (size.options or ("model",))[0], f"use a smaller {_either(size.options) or 'model'}"
+    else:
+        option, advice = "workers", "use fewer workers (or engine=dist across machines)"
+    raise ConfigError(f"{option}: model {cfg.model} needs about {_gib(need)} on {device.type}, more than the "
+                      f"{_gib(free)} free: {_gib(held.values * value)} of activations for {held.what} and "
+                      f"{_gib(matrix)} for 5 copies of the [{m}, {_count(size.parameters)}] worker matrix; {advice}")
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3g} GiB"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**12 else f"{n:.3g}"
+
+
+class _Held(NamedTuple):
+    """Activations alive at once: how many values, for what, and the option that shrinks them."""
+
+    values: int
+    what: str
+    option: str
+    advice: str
+
+
+def _activations(cfg: Config, data: Dataset, task: Task, m: int, device: torch.device, size: Footprint) -> _Held:
+    """The largest activations a run holds at once: a training step's (one worker's batch with the
+    loop backend, all m workers' with vmap), an evaluation's (a chunk of the test set, one model at
+    a time) or sharpness's (a chunk of its samples, double backward: about 3 training steps')."""
+    first = size.options[0] if size.options else None
+    vmap = _vmap_backend(cfg, m, size.parameters, device)
+    k = m if vmap else 1
+    held = [_Held(k * cfg.batch_size * size.train, f"a training step of {k} × {cfg.batch_size} samples",
+                  first or "batch_size", f"use a smaller {_either(('batch_size', *size.options))}"
+                                         f"{' (or grad_backend=loop)' if vmap else ''}")]
+    chunk = min(len(data.y_test), inspect.signature(task.evaluate).parameters["chunk"].default)
+    if cfg.bn_eval == "recompute":
+        chunk = max(chunk, cfg.workers * cfg.batch_size)
+    held.append(_Held(chunk * size.test, f"an evaluation of {chunk} samples at once", first or "model",
+                      f"use a smaller {_either(size.options) or 'model'}"))
+    if cfg.sharpness:
+        samples = min(HVP_CHUNK, cfg.sharpness_samples or SHARPNESS_SAMPLES)
+        held.append(_Held(3 * samples * size.train, f"sharpness on {samples} samples",
+                          "sharpness_samples", f"use fewer sharpness_samples (or a smaller {_either(size.options)})"
+                          if size.options else "use fewer sharpness_samples"))
+    return max(held)
+
+
+def _either(options: tuple[str, ...]) -> str:
+    """'a, b or c'."""
+    return " or ".join(filter(None, [", ".join(options[:-1]), *options[-1:]]))
+
+
+def _vmap_backend(cfg: Config, m: int, parameters: int, device: torch.device) -> bool:
+    """Whether the gradient backend runs all m workers' batches at once: as
+    :func:`gossamer.workers.choose_backend` picks vmap (its float64-convolution exception, a
+    loop, counted as vmap)."""
+    if cfg.grad_backend != "auto":
+        return cfg.grad_backend == "vmap"
+    return m > 1 and (device.type == "cuda" or parameters < VMAP_MAX_PARAMETERS_CPU)
 
 
 def epoch_indices(run: Run, epoch: int) -> torch.Tensor:
@@ -331,17 +395,23 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             bar.close()
             raise Interrupted(t + 1)
     bar.close()
-    final = {k: v for k, v in row.items() if k.startswith("test_") or k == "sharpness"}
+    return summarize(run, state, row, start)
+
+
+def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
+    """summary.json of ``run`` after its last step: that step's metric row (an evaluation), the
+    counters of the engine, the schedule and ``progress``; wall time since ``start``."""
+    cfg = run.cfg
     return {
-        **final,
+        **{k: v for k, v in row.items() if k.startswith("test_") or k == "sharpness"},
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
-        **e.comm.summary(),
+        **run.engine.comm.summary(),
         **run.schedule.counters(),
-        "steps": cfg.epochs * S,
-        "parameters": w.d,
+        "steps": cfg.epochs * run.steps_per_epoch,
+        "parameters": run.workers.d,
         **({"bn_eval": cfg.bn_eval} if cfg.bn_eval else {}),
-        **_time_summary(run, state),
+        **_time_summary(run, progress),
         "wall_seconds": time.perf_counter() - start,
     }
 

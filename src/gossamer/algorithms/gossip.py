@@ -241,7 +241,7 @@ class GossipOptions(GraphOptions):
             raise ConfigError(f"{'phase_steps' if self.phase_steps else 'phase_epochs'} needs phases "
                               f"(one mode per phase)")
         if self.gossip_form not in GOSSIP_FORMS:
-            raise ConfigError(f"unknown gossip_form '{self.gossip_form[:100]}'; choose one of: {', '.join(GOSSIP_FORMS)}")
+            raise ConfigError(f"unknown gossip_form {self.gossip_form[:100]!r}; choose one of: {', '.join(GOSSIP_FORMS)}")
         if self.momentum_mode not in MOMENTUM_MODES:
             raise ConfigError(f"unknown momentum_mode '{self.momentum_mode[:100]}'; choose one of: {', '.join(MOMENTUM_MODES)}")
         if self.momentum_mode == "quasi-global":

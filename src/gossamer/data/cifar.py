@@ -85,6 +85,20 @@ def channel_stats(images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean, np.sqrt(var)
 
 
+CHANNELS = ("red", "green", "blue")
+
+
+def _check_channels(images: np.ndarray, files: CifarFiles, root: Path) -> None:
+    """Refuse training images with a constant channel: its standard deviation, which normalisation
+    divides by, is 0."""
+    low, high = images.min((0, 2, 3)), images.max((0, 2, 3))
+    for name, lo, hi in zip(CHANNELS, low, high):
+        if lo == hi:
+            raise ConfigError(f"data_dir '{str(root)[:100]}': the {files.name} training images have a constant {name} "
+                              f"channel (every pixel {lo}), which per-channel normalisation cannot scale; are they "
+                              f"real {files.name} files?")
+
+
 @dataclass(frozen=True)
 class CropFlip:
     """Random crop with ``padding`` black pixels and horizontal flip, per worker and per sample.
@@ -134,6 +148,7 @@ def load_cifar(files: CifarFiles, options: FileOptions) -> Dataset:
         archive.unlink()
     x_train, y_train = _read(paths[:-1], files)
     x_test, y_test = _read(paths[-1:], files)
+    _check_channels(x_train, files, root)
     mean, std = channel_stats(x_train)
 
     def normalise(images: np.ndarray) -> torch.Tensor:

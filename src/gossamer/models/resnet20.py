@@ -5,6 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 NORMS = ("batch", "group", "none")
+STAGES = ((16, 1), (32, 2), (64, 2))  # (channels, stride of the stage's first block)
+BLOCKS = 3  # per stage
 GROUPS = 2  # GroupNorm groups per layer (16-64 channels: 8-32 channels a group)
 
 
@@ -42,12 +44,12 @@ class ResNet20(nn.Module):
 
     ``norm``: ``batch`` (He et al.'s, and both papers'), ``group`` (GroupNorm, 2 groups) or ``none``."""
 
-    def __init__(self, num_classes: int = 10, in_channels: int = 3, blocks: int = 3, norm: str = "batch"):
+    def __init__(self, num_classes: int = 10, in_channels: int = 3, blocks: int = BLOCKS, norm: str = "batch"):
         super().__init__()
         self.conv = nn.Conv2d(in_channels, 16, 3, 1, 1, bias=norm == "none")
         self.bn = norm_layer(norm, 16)
         layers, in_ch = [], 16
-        for out_ch, stride in ((16, 1), (32, 2), (64, 2)):
+        for out_ch, stride in STAGES:
             for b in range(blocks):
                 layers.append(BasicBlock(in_ch, out_ch, stride if b == 0 else 1, norm))
                 in_ch = out_ch
