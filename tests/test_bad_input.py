@@ -252,9 +252,11 @@ def test_every_kind_of_numeric_key_is_drawn():
 
 
 @pytest.mark.xfail(strict=True, reason="partition.py raises ValueError; local.py names phase_steps or overflows")
-@pytest.mark.parametrize("overrides, name", [(["partition=dirichlet", "dirichlet_alpha=1e308"], "dirichlet_alpha"),
-                                             (["algorithm=post-local", "switch_step=9223372036854775807"], "switch_step"),
-                                             (["algorithm=post-local", "switch_epoch=1e308"], "switch_epoch")])
+@pytest.mark.parametrize("overrides, name", [
+    (["partition=dirichlet", "dirichlet_alpha=1e308"], "dirichlet_alpha"),
+    (["algorithm=post-local", "switch_step=9223372036854775807"], "switch_step"),
+    (["algorithm=post-local", "switch_epoch=1e308"], "switch_epoch"),
+])
 def test_known_gaps(overrides, name, tiny_mnist1d):
     with pytest.raises(ConfigError, match=name):
         _load_and_build([*TINY, *overrides], tiny_mnist1d)

@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 from test_bad_input import one_line_error, sets
 
+from conftest import write_cifar
+from gossamer import models
 from gossamer import topology as topology_module
 from gossamer import train as train_module
-from gossamer.config import ConfigError, load_config
+from gossamer.config import SEED_LIMIT, ConfigError, load_config
 from gossamer.data import load_dataset
-from gossamer import models
 from gossamer.models import MODELS, build_model
 from gossamer.train import build_run, train
 
@@ -43,7 +44,8 @@ def test_a_sequence_keeps_every_layers_attention_for_backward():
     assert size.train > cfg.layers * cfg.heads * 4096**2 and size.test > cfg.heads * 4096**2
 
 
-@pytest.mark.parametrize("overrides", [[], ["model=mlp", "num_samples=200", "workers=2"], ["dataset=text", "model=transformer"],
+@pytest.mark.parametrize("overrides", [[], ["model=mlp", "num_samples=200", "workers=2"],
+                                       ["dataset=text", "model=transformer"],
                                        ["dataset=text", "model=transformer", "layers=3", "heads=2", "width=34",
                                         "context=17"]])
 def test_the_parameter_count_is_the_models_before_it_is_built(overrides):
@@ -53,14 +55,13 @@ def test_the_parameter_count_is_the_models_before_it_is_built(overrides):
 
 
 def test_every_model_has_a_footprint(tmp_path):
-    from conftest import write_cifar
     write_cifar(tmp_path, train=20, test=10)
     for norm in ("batch", "group", "none"):
         cfg = load_config(None, ["dataset=cifar10", f"data_dir={tmp_path}", "model=resnet20", f"norm={norm}"])
         data = load_dataset(cfg)
         size = models.footprint(cfg, data)
         assert size.parameters == sum(p.numel() for p in build_model(cfg, data).parameters()) and size.train > 0
-    assert set(MODELS.names()) == {"mlp", "cnn1d", "resnet20", "transformer"}
+    assert set(models.FOOTPRINTS) == set(MODELS.names())
 
 
 @pytest.mark.parametrize("spec, n", [("erdos-renyi", 20000), ("complete", 20000), ("ring", 10**9),
@@ -79,7 +80,8 @@ def test_graphs_that_fit_are_built_and_the_bound_is_what_fits(monkeypatch):
         topology_module.build_topology("complete", 20000)
     fits = int(str(refused.value).split("at most n = ")[1].split()[0].rstrip(",;:"))
     assert 2000 < fits < 20000
-    assert topology_module.graph_bytes("complete", fits) <= 3.5 * GIB < topology_module.graph_bytes("complete", fits + 1)
+    graph_bytes = topology_module.graph_bytes
+    assert graph_bytes("complete", fits) <= 3.5 * GIB < graph_bytes("complete", fits + 1)
     assert topology_module.build_topology("erdos-renyi", 64).n == 64
     assert set(topology_module.SIZES) == set(topology_module.TOPOLOGIES.names())
 
@@ -129,7 +131,8 @@ def test_compute_ms_in_e_notation_is_a_number(text, ms):
 
 
 @pytest.mark.parametrize("text, fragment", [("nan", "compute_ms must be a finite number"),
-                                            ("-2e1", "compute_ms must be >= 0"), ("2e1x", "compute_ms must be measured")])
+                                            ("-2e1", "compute_ms must be >= 0"),
+                                            ("2e1x", "compute_ms must be measured")])
 def test_compute_ms_strings_that_are_not_usable_numbers_are_refused(tmp_path, capsys, text, fragment):
     one_line_error(capsys, train_argv(tmp_path, "network=ethernet-10g", f"compute_ms={text}"), fragment)
 
@@ -161,7 +164,6 @@ def test_a_slow_but_finite_network_trains_to_finite_seconds(tmp_path):
 
 
 def test_cifar_with_a_constant_channel_is_a_data_error(tmp_path, capsys):
-    from conftest import write_cifar
     root = write_cifar(tmp_path / "data", train=40, test=20)
     folder = root / "cifar-10-batches-bin"
     for path in folder.iterdir():
@@ -197,16 +199,16 @@ def test_a_yaml_merge_key_may_be_overridden(tmp_path):
 # ---------------------------------------------------------------- 7. seeds
 
 
-@pytest.mark.parametrize("overrides, key", [(["seed=-1"], "seed"), (["seed=9223372036854775808"], "seed"),
+@pytest.mark.parametrize("overrides, key", [(["seed=-1"], "seed"), (["seed=1125899906842624"], "seed"),
+                                            (["seed=9223372036854775808"], "seed"),
                                             (["seed=" + "9" * 40], "seed"), (["seed=18446744073709551616"], "seed"),
                                             (["algorithm=gossip", "topology_seed=-5"], "topology_seed"),
                                             (["algorithm=gossip", "topology_seed=" + "9" * 30], "topology_seed")])
 def test_a_seed_out_of_range_names_the_option(tmp_path, capsys, overrides, key):
-    one_line_error(capsys, train_argv(tmp_path, *overrides), f"{key} must be an integer in [0, ")
+    one_line_error(capsys, train_argv(tmp_path, *overrides), f"{key} must be an integer in [")
 
 
 def test_the_largest_seed_trains(tmp_path):
-    from gossamer.config import SEED_LIMIT
     cfg = load_config(None, [*TINY, f"seed={SEED_LIMIT - 1}", "algorithm=gossip", "topology=random-regular:1",
                              f"topology_seed={SEED_LIMIT - 1}", "partition=dirichlet", "sharpness=true",
                              "sharpness_samples=4", "sharpness_iterations=1"])

@@ -77,7 +77,8 @@ class ConsensusConfig:
         if self.max_extra_rounds < 0:
             raise ConfigError(f"consensus.max_extra_rounds must be >= 0, got {self.max_extra_rounds}")
         if self.on_budget not in ON_BUDGET:
-            raise ConfigError(f"unknown consensus.on_budget {self.on_budget[:100]!r}; choose one of: {', '.join(ON_BUDGET)}")
+            raise ConfigError(f"unknown consensus.on_budget {self.on_budget[:100]!r}; "
+                              f"choose one of: {', '.join(ON_BUDGET)}")
         if not 0 <= self.ema < 1:
             raise ConfigError(f"consensus.ema must be in [0, 1), got {self.ema}")
         positive_ints(self, "max_local_steps", prefix="consensus.")

@@ -145,9 +145,9 @@ class NetworkConfig:
         slowest = max(self.link.message(nbytes), self.intra_link.message(nbytes))
         comm = self.seconds(Event("allreduce", workers, nbytes, "global")) + (workers - 1) * slowest
         if not math.isfinite(comm * steps * HORIZON_ROOM):
-            raise ConfigError(f"network.bandwidth {self.bandwidth:.4g} Gbit/s and network.latency {self.latency:.4g} µs "
-                              f"make a step of the {nbytes:,.0f}-byte model take up to {comm:.4g} s: the simulated time "
-                              f"of {steps:,} steps would not be finite; give a larger bandwidth or a smaller latency")
+            raise ConfigError(f"network.bandwidth {self.bandwidth:.4g} Gbit/s and network.latency {self.latency:.4g} "
+                              f"µs make a step of the {nbytes:,.0f}-byte model take up to {comm:.4g} s: the simulated "
+                              f"time of {steps:,} steps would not be finite; give a larger bandwidth or a smaller latency")
 
     @property
     def link(self) -> Link:
@@ -291,7 +291,8 @@ def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -
     else:
         step = value / 1000
     steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
-    cfg.network.check_finite(sum(p.numel() for p in model.parameters()) * BYTES_PER_VALUE, cfg.workers, step or 0.0, steps)
+    nbytes = sum(p.numel() for p in model.parameters()) * BYTES_PER_VALUE
+    cfg.network.check_finite(nbytes, cfg.workers, step or 0.0, steps)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     return Clock(cfg.network, step, sync)
 

@@ -383,7 +383,8 @@ def _edge_probability(arg: str | None) -> float:
     try:
         q = float(arg)
     except ValueError:
-        raise TopologyError(f"topology 'erdos-renyi' takes an edge probability Q in (0, 1], got '{_short(arg)}'") from None
+        raise TopologyError(f"topology 'erdos-renyi' takes an edge probability Q in (0, 1], "
+                            f"got '{_short(arg)}'") from None
     if not (0.0 < q <= 1.0):
         raise TopologyError(f"topology 'erdos-renyi' needs edge probability 0 < Q <= 1, got Q = {q}")
     return q
@@ -574,9 +575,10 @@ SIZES: dict[str, Callable[[int, str | None], tuple[float, float, int]]] = {
 
 
 def graph_bytes(spec: str, n: int) -> int:
-    """About the memory building and analysing topology ``spec`` for n workers takes at its peak."""
+    """About the memory building and analysing topology ``spec`` for n workers takes at its peak
+    (0 for a topology registered without a size)."""
     entry, param = TOPOLOGIES.parse(spec)
-    slots, edges, nodes = SIZES[entry.name](n, param)
+    slots, edges, nodes = SIZES.get(entry.name, lambda n, param: (0, 0, 0))(n, param)
     return int(SLOT_BYTES * slots + EDGE_BYTES * edges + NODE_BYTES * nodes)
 
 

@@ -127,7 +127,6 @@ class DistEngine(Engine):
         self.timed = timed
         self._seconds = {"algorithm": 0.0, "metrics": 0.0}
         self._watch = Watchdog(self.rank, self.world, self._beat_interval, self._window)
-        self._gloo = dist.get_backend(group) == "gloo"  # whose worker threads free an op's tensors (_released)
 
     # ------------------------------------------------------------------ primitives
 
@@ -138,7 +137,7 @@ class DistEngine(Engine):
                 part.copy_(part.mean(0, keepdim=True).expand_as(part))
             else:
                 total = part.sum(0)
-                self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True), [total],
+                self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True),
                           timed="algorithm")
                 part.copy_((total / size).expand_as(part))
 
@@ -162,7 +161,7 @@ class DistEngine(Engine):
         ops = [dist.P2POp(dist.isend, buf, self._global(peer), self.group) for (peer, _), buf in zip(send, outgoing)]
         ops += [dist.P2POp(dist.irecv, buf, self._global(peer), self.group) for (peer, _), buf in zip(recv, received)]
         if ops:
-            self._run("gossip exchange", lambda: dist.batch_isend_irecv(ops), [*outgoing, *received],
+            self._run("gossip exchange", lambda: dist.batch_isend_irecv(ops),
                       peers=sorted({p for p, _ in send} | {p for p, _ in recv}), timed="algorithm")
         self.sent.messages += len(outgoing)
         self.sent.values += sum(b.numel() for b in outgoing)
@@ -180,7 +179,7 @@ class DistEngine(Engine):
             mine = torch.zeros(max(counts), payload.shape[1], dtype=payload.dtype, device=payload.device)
             mine[: local.stop - local.start] = payload[local]
             parts = [torch.empty_like(mine) for _ in counts]
-            self._run("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True), [mine, *parts],
+            self._run("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True),
                       timed="algorithm")
             messages.append(torch.cat([p[:c] for p, c in zip(parts, counts)]))
         return Gathered(torch.stack(messages), row_group)
@@ -188,7 +187,7 @@ class DistEngine(Engine):
     def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
         total = X.sum(0)
         if total.numel():
-            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True), [total],
+            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True),
                       timed="metrics")
         return total / self.n
 
@@ -201,17 +200,17 @@ class DistEngine(Engine):
         T = T.contiguous()
         parts = [torch.empty_like(T) for _ in range(self.world)]
         if everywhere:
-            self._run("all-gather", lambda: dist.all_gather(parts, T, group=self.group, async_op=True), [T, *parts],
+            self._run("all-gather", lambda: dist.all_gather(parts, T, group=self.group, async_op=True),
                       timed=timed)
             return torch.cat(parts)
         gather_list = parts if self.rank == 0 else None
         self._run("gather", lambda: dist.gather(T, gather_list, dst=self._global(0), group=self.group,
-                                                async_op=True), [T, *parts])
+                                                async_op=True))
         return torch.cat(parts) if self.rank == 0 else None
 
     def _any(self, flag: torch.Tensor) -> bool:
         total = flag.to(self.device, torch.int32)
-        self._run("agreement", lambda: dist.all_reduce(total, op=dist.ReduceOp.MAX, async_op=True), [total])
+        self._run("agreement", lambda: dist.all_reduce(total, op=dist.ReduceOp.MAX, async_op=True))
         return bool(total.item())
 
     # ------------------------------------------------------------------ for the CLI and the library
@@ -232,7 +231,7 @@ class DistEngine(Engine):
 
     def broadcast_(self, X: torch.Tensor, src: int = 0) -> None:
         """Every rank's X ← rank src's X (in place)."""
-        self._run("broadcast", lambda: dist.broadcast(X, self._global(src), group=self.group, async_op=True), [X])
+        self._run("broadcast", lambda: dist.broadcast(X, self._global(src), group=self.group, async_op=True))
 
     def lost(self, what: str, peers: list[int] | None = None) -> PeerLost:
         """The :class:`PeerLost` for a failed operation: which rank is gone, in one line."""
@@ -261,15 +260,12 @@ class DistEngine(Engine):
         self._seconds = dict.fromkeys(self._seconds, 0.0)
         return seconds
 
-    def _run(self, what: str, start, tensors: list[torch.Tensor] = (), peers: list[int] | None = None,
-             timed: str | None = None) -> None:
-        """Start a communication op on ``tensors`` and wait for it at most the op timeout; failures
+    def _run(self, what: str, start, peers: list[int] | None = None, timed: str | None = None) -> None:
+        """Start a communication op and wait for it at most the op timeout; failures
         → PeerLost. ``timed`` ("algorithm" or "metrics"): add its wall time there when the engine
-        is timed. With gloo, return only once its worker thread has let go of the tensors (see
-        :meth:`_released`)."""
+        is timed."""
         self._watch.ops += 1
         clock = self.timed and timed is not None
-        held = [t._use_count() for t in tensors] if self._gloo else []
         try:
             if clock:
                 self._sync()
@@ -278,9 +274,6 @@ class DistEngine(Engine):
             works = work if isinstance(work, list) else [work] if work is not None else []
             for w in works:
                 w.wait(self._op_timeout)
-            del work, works
-            if held:
-                self._released(tensors, held)
             if clock:
                 self._sync()
                 self._seconds[timed] += time.perf_counter() - began
@@ -290,22 +283,6 @@ class DistEngine(Engine):
             if os.environ.get("GOSSAMER_DEBUG"):
                 raise
             raise self.lost(f"{what} failed", peers) from e
-
-    @staticmethod
-    def _released(tensors: list[torch.Tensor], held: list[int], patience: float = 1.0) -> None:
-        """Wait (at most ``patience`` seconds) until no reference to ``tensors`` is left but the
-        ones held before the op. gloo's worker thread drops its reference to an op's work (and so to
-        its tensors) after ``wait()`` has returned here; if that is the last reference to a tensor
-        that Python created, the worker frees the tensor's Python object and must take the GIL —
-        which, once the interpreter has begun to shut down, ends the thread inside a C++ destructor:
-        the process aborts ("terminate called without an active exception"). Were this the last op
-        before the process exits, that is what happened (about one run in twenty, at exit; a model
-        and an optimizer keep the default group, and so its worker threads, alive past
-        ``destroy_process_group`` until the interpreter's shutdown). Waiting here makes this thread
-        the last owner, so the tensors are freed here, with the GIL held."""
-        deadline = time.monotonic() + patience
-        while any(t._use_count() > h for t, h in zip(tensors, held)) and time.monotonic() < deadline:
-            time.sleep(0)
 
     def _sync(self) -> None:
         """Wait for the device's queued work (CUDA ops are asynchronous), so a timer measures the op."""

@@ -107,8 +107,9 @@ FOOTPRINTS: dict[str, Callable[..., Footprint]] = {}  # model name → footprint
 
 
 def footprint(cfg, data) -> Footprint:
-    """The :class:`Footprint` of the model ``cfg.model`` for ``data``, without building it."""
-    return FOOTPRINTS[cfg.model](cfg, data)
+    """The :class:`Footprint` of the model ``cfg.model`` for ``data``, without building it (a
+    model registered without one: its parameters, activations unknown)."""
+    return FOOTPRINTS.get(cfg.model, _parameters_only)(cfg, data)
 
 
 def _footprint(name: str):
@@ -123,6 +124,10 @@ def _built_parameters(cfg, data) -> int:
     size the data bounds."""
     with torch.device("meta"):
         return sum(p.numel() for p in MODELS[cfg.model].build(cfg, data).parameters())
+
+
+def _parameters_only(cfg, data) -> Footprint:
+    return Footprint(_built_parameters(cfg, data), 0, 0)
 
 
 @_footprint("mlp")
