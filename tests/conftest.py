@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings
 from cases import ACCEPTANCE, CIFAR_CASE, DIST_CASES, HOOK_PROCESS_CASES, SHORT
 from launch import SMALL, finish, sets, spawn, torchrun
 
@@ -13,6 +14,11 @@ from gossamer.config import load_config
 from gossamer.report import reference_trajectory
 from gossamer.train import build_run, train
 
+
+# CI draws the same examples every run (a failure reproduces); HYPOTHESIS_PROFILE=explore draws new ones.
+settings.register_profile("ci", derandomize=True)
+settings.register_profile("explore", max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 

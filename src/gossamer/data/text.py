@@ -122,7 +122,7 @@ def load_text(options: TextOptions) -> Dataset:
     if options.context > shortest - 1:
         raise ConfigError(f"context {options.context} is longer than the corpus allows: its {len(tokens)} "
                           f"characters split into {split} (train) and {len(tokens) - split} (test); use "
-                          f"context <= {max(shortest - 1, 0)} or a longer text")
+                          f"context <= {max(shortest - 1, 0)} or a longer text (text_chars {options.text_chars})")
     x_train, y_train = windows(tokens[:split], options.context)
     x_test, y_test = windows(tokens[split:], options.context)
     return Dataset(x_train, y_train, x_test, y_test, len(vocabulary), task="language-model",
