@@ -38,6 +38,7 @@ def one_line_error(capsys, argv: list[str], *fragments: str) -> str:
     (["workers=100000"], "larger than each worker's share"),
     (["workers=20000"], "larger than each worker's share"),
     (["num_samples=1"], "num_samples must be at least 10"),
+    (["num_samples=10000000000"], "num_samples 1e+10 needs about"),
     (["lr=.inf"], "lr must be a finite number"),
     (["weight_decay=nan"], "weight_decay must be a finite number"),
     (["warmup_epochs=nan"], "warmup_epochs must be a finite number"),
@@ -188,8 +189,6 @@ NEEDS = {"dirichlet_alpha": ("partition=dirichlet",), "sharpness_samples": ("sha
          "sharpness_iterations": ("sharpness=true",), "compute_ms": ("network=ethernet-10g",), "target_loss": TEXT,
          "intra_node_bandwidth": ("network.workers_per_node=2",), "intra_node_latency": ("network.workers_per_node=2",)}
 SECTIONS = {"network": ("network=ethernet-10g",), "consensus": ("consensus.target=constant", "consensus.value=1")}
-# refused by code outside config, train and models, not (yet) as a ConfigError naming the key: see test_known_gaps
-GAPS = {"dirichlet_alpha", "switch_epoch", "switch_step"}
 EXTREMES = [".nan", ".inf", "-.inf", "0", "-1", "0.5", "3", "1e308", "-1e308", "5e-324", "2.5e-310", str(2**63 - 1),
             str(2**63), str(-2**63 - 1), "1" + "0" * 400, "-1" + "0" * 400]
 
@@ -208,7 +207,7 @@ def _numeric_keys() -> list[tuple[str, tuple[str, ...]]]:
             section = _section(f)
             if section is not None:
                 add(dataclasses.fields(section), f"{prefix}{f.name}.", base + SECTIONS[f.name])
-            elif _numeric(f.type) and f.name not in GAPS:
+            elif _numeric(f.type):
                 keys.append((prefix + f.name, base + NEEDS.get(f.name, ())))
     add(_fields(Config), "", ())
     for kind, registry in KINDS.items():
@@ -255,12 +254,11 @@ def test_every_kind_of_numeric_key_is_drawn():
             "outer_lr", "choco_gamma", "topology_seed", "dist_timeout", "adam_eps", "context", "width"} <= names
 
 
-@pytest.mark.xfail(strict=True, reason="partition.py raises ValueError; local.py names phase_steps or overflows")
 @pytest.mark.parametrize("overrides, name", [
     (["partition=dirichlet", "dirichlet_alpha=1e308"], "dirichlet_alpha"),
     (["algorithm=post-local", "switch_step=9223372036854775807"], "switch_step"),
     (["algorithm=post-local", "switch_epoch=1e308"], "switch_epoch"),
 ])
-def test_known_gaps(overrides, name, tiny_mnist1d):
+def test_values_refused_where_the_run_is_built_name_their_key(overrides, name, tiny_mnist1d):
     with pytest.raises(ConfigError, match=name):
         _load_and_build([*TINY, *overrides], tiny_mnist1d)

@@ -101,15 +101,19 @@ def test_the_dense_spectrum_of_a_directed_graph_is_refused_before_it_is_computed
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["algorithm=gossip", "gossip_form=" + "x" * 2_000_000], "unknown gossip_form 'xxx"),
+    (["algorithm=gossip", "gossip_form=" + "x" * 200_000], "unknown gossip_form 'xxx"),
     (["algorithm=gossip", 'gossip_form="' + "x\\n" * 1000 + '"'], "unknown gossip_form 'x\\nx"),
-    (["algorithm=gossip", "consensus.target=constant", "consensus.value=1", "consensus.on_budget=" + "x" * 2_000_000],
+    (["algorithm=gossip", "consensus.target=constant", "consensus.value=1", "consensus.on_budget=" + "x" * 200_000],
      "unknown consensus.on_budget 'xxx"),
     (["algorithm=gossip", 'consensus.measure="' + "x\\n" * 1000 + '"'], "unknown consensus.measure"),
     (["algorithm=gossip", "topology=random-regular:" + "7" * 300_000], "takes an integer degree D"),
     (["algorithm=gossip", "topology=erdos-renyi:x" + "7" * 300_000], "takes an edge probability Q"),
     (["milestones=[" + ",".join(["3", "2"] * 25_000) + "]"], "milestones must be increasing epochs"),
     (["model=resnet20", 'norm="' + "x\\n" * 1000 + '"'], "unknown norm"),
+    (["algorithm=local", "compression=top-k:" + "x" * 3000], "takes a fraction F"),
+    (["algorithm=local", "compression=qsgd:" + "x" * 3000], "takes an integer number of levels"),
+    (["algorithm=local", "compression=sign:" + "x" * 3000], "takes no parameter"),
+    (["engine=dist", "dist_backend=" + "x" * 3000], "unknown dist_backend 'xxx"),
 ])
 def test_a_long_value_is_cut_in_the_error_line(tmp_path, capsys, overrides, fragment):
     err = one_line_error(capsys, train_argv(tmp_path, *overrides), fragment)

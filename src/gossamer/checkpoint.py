@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from .registry import ConfigError
+from .registry import ConfigError, short
 
 FORMAT = 2  # 2: schedules' state explicit (phases, local steps since a start, gossip's counters)
 RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger", "sharpness",
@@ -95,9 +95,6 @@ def check_checkpoint(run_config: dict, written_with: dict, run_dir: str) -> None
 def _differences(a: dict, b: dict) -> str:
     """The keys (but :data:`RESUMABLE_KEYS`) whose values differ, with both values ("" if none)."""
     changed = sorted(k for k in set(a) | set(b) if k not in RESUMABLE_KEYS and a.get(k) != b.get(k))
-    return ", ".join(f"{k} ({_short(a.get(k))} → {_short(b.get(k))})" for k in changed[:5])
+    return ", ".join(f"{k} ({short(a.get(k))} → {short(b.get(k))})" for k in changed[:5])
 
 
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

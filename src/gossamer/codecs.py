@@ -38,7 +38,7 @@ from typing import Protocol
 
 import torch
 
-from .registry import ConfigError, Registry
+from .registry import ConfigError, Registry, short
 from .rng import generator
 
 CODECS = Registry("compression")
@@ -82,7 +82,7 @@ def parse_fraction(name: str, param: str | None) -> float:
     try:
         f = float(param)
     except (TypeError, ValueError):
-        raise ConfigError(f"compression '{name}' takes a fraction F in (0, 1], e.g. {name}:0.01; got '{param}'") from None
+        raise ConfigError(f"compression '{name}' takes a fraction F in (0, 1], e.g. {name}:0.01; got '{short(param)}'") from None
     if not 0 < f <= 1:
         raise ConfigError(f"compression '{name}' needs a fraction F in (0, 1], got {f}")
     return f
@@ -285,7 +285,7 @@ def _qsgd(param, numels, dtype, seed, contractive) -> QSGD:
     try:
         levels = int(param)
     except ValueError:
-        raise ConfigError(f"compression 'qsgd' takes an integer number of levels S >= 1, e.g. qsgd:4; got '{param}'") from None
+        raise ConfigError(f"compression 'qsgd' takes an integer number of levels S >= 1, e.g. qsgd:4; got '{short(param)}'") from None
     if not 1 <= levels <= 2**16:
         raise ConfigError(f"compression 'qsgd' needs levels S in 1..65536, got {levels}")
     return QSGD(numels, levels, seed, contractive, dtype)

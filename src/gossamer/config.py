@@ -32,7 +32,7 @@ from .engines import ENGINES
 from .models import MODELS
 from .network import NetworkConfig, check_compute
 from .optim import OPTIMIZERS
-from .registry import ConfigError, Registry, positive_ints
+from .registry import ConfigError, Registry, positive_ints, short
 from .workers import GRAD_BACKENDS
 
 __all__ = ["Config", "ConfigError", "KINDS", "from_dict", "load_config", "parse_override"]
@@ -116,7 +116,7 @@ class Config:
         for name in ("seed", "topology_seed"):
             seed = getattr(self, name, None)  # topology_seed: only where the algorithm has a graph
             if seed is not None and not 0 <= seed < SEED_LIMIT:
-                raise ConfigError(f"{name} must be an integer in [0, 2**44), got {_short(seed)}")
+                raise ConfigError(f"{name} must be an integer in [0, 2**44), got {short(seed)}")
         if self.sharpness_samples is not None:
             positive_ints(self, "sharpness_samples")
         for name in ("sharpness_samples", "sharpness_iterations"):
@@ -142,11 +142,11 @@ class Config:
             raise ConfigError(f"lr_decay must be in (0, 1], got {self.lr_decay}")
         if any(not 0 < m < self.epochs for m in self.milestones) or self.milestones != sorted(self.milestones):
             raise ConfigError(f"milestones must be increasing epochs in (0, epochs={self.epochs}), "
-                              f"got {_short(self.milestones)}")
+                              f"got {short(self.milestones)}")
         if not self.checkpoint_every > 0:
             raise ConfigError(f"checkpoint_every must be > 0 epochs, got {self.checkpoint_every}")
-        if not self.dirichlet_alpha > 0:
-            raise ConfigError(f"dirichlet_alpha must be > 0, got {self.dirichlet_alpha}")
+        if not 0 < self.dirichlet_alpha <= 1e6:  # beyond 1e6 the split is i.i.d. (partition=iid); numpy's draw underflows
+            raise ConfigError(f"dirichlet_alpha must be in (0, 1e6], got {self.dirichlet_alpha}")
         self._validate_time()
         for opts in self.options.values():
             opts.validate(self)
@@ -201,34 +201,34 @@ def _field_names(options) -> tuple[str, ...]:
 
 def _choice(cfg: Config, name: str, allowed: tuple[str, ...]) -> None:
     if getattr(cfg, name) not in allowed:
-        raise ConfigError(f"unknown {name} '{_short(getattr(cfg, name))}'; choose one of: {', '.join(allowed)}")
+        raise ConfigError(f"unknown {name} '{short(getattr(cfg, name))}'; choose one of: {', '.join(allowed)}")
 
 
 def _coerce(name: str, value: Any, annotation: str) -> Any:
     """Check a value against the field's type (from its annotation string) and convert ints to floats."""
     if annotation == "list[str]":
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(f"{name} must be a list of names, got {_short(value)}")
+            raise ConfigError(f"{name} must be a list of names, got {short(value)}")
         return value
     if annotation == "list[int]":
         if not isinstance(value, list) or not all(_is_int(v) for v in value):
-            raise ConfigError(f"{name} must be a list of integers in [-2**63, 2**63), got {_short(value)}")
+            raise ConfigError(f"{name} must be a list of integers in [-2**63, 2**63), got {short(value)}")
         return value
     if "list" in annotation:
         if not isinstance(value, list) or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            raise ConfigError(f"{name} must be a list of numbers, got {_short(value)}")
+            raise ConfigError(f"{name} must be a list of numbers, got {short(value)}")
         if not all(_is_finite(v) for v in value):
-            raise ConfigError(f"{name} must be a list of finite numbers, got {_short(value)}")
+            raise ConfigError(f"{name} must be a list of finite numbers, got {short(value)}")
         return [float(v) for v in value]
     if value is None and "None" in annotation:
         return None
     if annotation.startswith("bool"):
         if not isinstance(value, bool):
-            raise ConfigError(f"{name} must be true or false, got {_short(value)}")
+            raise ConfigError(f"{name} must be true or false, got {short(value)}")
         return value
     if annotation.startswith("int"):
         if not _is_int(value):
-            raise ConfigError(f"{name} must be an integer in [-2**63, 2**63), got {_short(value)}")
+            raise ConfigError(f"{name} must be an integer in [-2**63, 2**63), got {short(value)}")
         return value
     if annotation.startswith("float | str"):  # a number or a word (compute_ms)
         number = _number(value)
@@ -236,12 +236,12 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
     if annotation.startswith("float"):
         value = _number(value)
         if not isinstance(value, (int, float)) or isinstance(value, bool):
-            raise ConfigError(f"{name} must be a number, got {_short(value)}")
+            raise ConfigError(f"{name} must be a number, got {short(value)}")
         if not _is_finite(value):
-            raise ConfigError(f"{name} must be a finite number, got {_short(value)}")
+            raise ConfigError(f"{name} must be a finite number, got {short(value)}")
         return float(value)
     if not isinstance(value, str):
-        raise ConfigError(f"{name} must be a string, got {_short(value)}")
+        raise ConfigError(f"{name} must be a string, got {short(value)}")
     return value
 
 
@@ -282,11 +282,11 @@ def _build(cls, values: Any, prefix: str = ""):
         values = {"preset": values}
     if not isinstance(values, dict):
         raise ConfigError(f"{prefix.rstrip('.')} must be {'a preset name or ' if presets else ''}a section of keys, "
-                          f"got {_short(values)}")
+                          f"got {short(values)}")
     fields = {f.name: f for f in _fields(cls)}
     unknown = sorted((str(k) for k in set(values) - set(fields)))
     if unknown:
-        raise ConfigError(f"unknown config key '{prefix}{_short(str(unknown[0]))}'; known keys: "
+        raise ConfigError(f"unknown config key '{prefix}{short(str(unknown[0]))}'; known keys: "
                           f"{', '.join(prefix + f for f in fields)}")
     kwargs = {}
     for key, value in values.items():
@@ -381,7 +381,7 @@ def parse_yaml(text: str, what: str) -> Any:
     try:
         return yaml.load(text, Loader=_BoundedLoader)
     except _RepeatedKey as e:
-        raise ConfigError(f"{what} gives the key '{_short(e.key)}' twice (line {e.line}); give each key once") from None
+        raise ConfigError(f"{what} gives the key '{short(e.key)}' twice (line {e.line}); give each key once") from None
     except yaml.YAMLError as e:
         raise YAMLSyntaxError(f"{what} is not valid YAML: {str(e).splitlines()[0][:100]}") from None
     except RecursionError:
@@ -391,7 +391,7 @@ def parse_yaml(text: str, what: str) -> Any:
 def read_yaml(path: str | Path, what: str = "config file") -> Any:
     """The YAML document in a file; a missing, unreadable, binary or non-UTF-8 file is one line."""
     path = Path(path)
-    shown = f"{what} '{_short(path)}'"
+    shown = f"{what} '{short(path)}'"
     if path.is_dir():
         raise ConfigError(f"{shown} is a directory, not a YAML file")
     try:
@@ -409,20 +409,14 @@ def read_yaml(path: str | Path, what: str = "config file") -> Any:
     return parse_yaml(text, shown)
 
 
-def _short(value: Any) -> str:
-    """At most ~100 characters of a value, for error lines."""
-    text = value if isinstance(value, str) else repr(value) if not isinstance(value, Path) else str(value)
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:200])  # '\n' shown, not broken
-    return text if len(text) <= 100 else text[:97] + "..."
-
 
 def parse_override(text: str) -> tuple[str, Any]:
     """``KEY=VALUE`` with VALUE parsed as YAML (so ``lr=0.1`` is a float, ``milestones=[10,20]`` a list)."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"--set expects KEY=VALUE, got '{_short(text)}'")
+        raise ConfigError(f"--set expects KEY=VALUE, got '{short(text)}'")
     try:
-        value = parse_yaml(raw, f"--set {_short(key)}") if raw.strip() else ""
+        value = parse_yaml(raw, f"--set {short(key)}") if raw.strip() else ""
     except YAMLSyntaxError:
         value = raw
     return key.strip(), value
@@ -446,16 +440,16 @@ def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
     itself) whose keys it extends and overrides, sections key by key."""
     loaded = read_yaml(path)
     if loaded is not None and not isinstance(loaded, dict):
-        raise ConfigError(f"config file '{_short(path)}' must hold a mapping of keys to values")
+        raise ConfigError(f"config file '{short(path)}' must hold a mapping of keys to values")
     values = loaded or {}
     parent = values.pop("base", None)
     if parent is None:
         return values
     if not isinstance(parent, str):
-        raise ConfigError(f"base in '{_short(path)}' must be the path of a config file, got {_short(parent)}")
+        raise ConfigError(f"base in '{short(path)}' must be the path of a config file, got {short(parent)}")
     parent_path = Path(path).parent / parent
     if parent_path.resolve() in _seen:
-        raise ConfigError(f"config file '{_short(path)}' names base '{_short(parent)}', which leads back to itself")
+        raise ConfigError(f"config file '{short(path)}' names base '{short(parent)}', which leads back to itself")
     merged = read_config_file(parent_path, (*_seen, Path(path).resolve()))
     _merge(merged, values)
     return merged

@@ -50,7 +50,7 @@ import torch
 
 from .data.partition import steps_per_epoch
 from .engines.stats import BYTES_PER_VALUE, METRICS, Event
-from .registry import ConfigError
+from .registry import ConfigError, short
 
 BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
 HORIZON_ROOM = 1e3  # a run's simulated time must stay finite with this much more communication per step
@@ -106,7 +106,7 @@ class NetworkConfig:
         """Check the values and fill in the preset's (so config.yaml holds the numbers used)."""
         if self.preset is not None:
             if self.preset not in PRESETS:
-                raise ConfigError(f"unknown network preset '{_short(self.preset)}'; choose one of: "
+                raise ConfigError(f"unknown network preset '{short(self.preset)}'; choose one of: "
                                   f"{', '.join(PRESETS)} (or give network.bandwidth and network.latency)")
             preset = PRESETS[self.preset]
             self.bandwidth = preset.bandwidth if self.bandwidth is None else self.bandwidth
@@ -222,11 +222,11 @@ def check_compute(value) -> None:
         except ValueError:
             tflops = math.nan
         if not (tflops > 0 and math.isfinite(tflops)):
-            raise ConfigError(f"compute_ms flops:TFLOPS needs a device throughput > 0 in TFLOPS, got '{_short(value)}'")
+            raise ConfigError(f"compute_ms flops:TFLOPS needs a device throughput > 0 in TFLOPS, got '{short(value)}'")
     elif isinstance(value, str):
         if value != MEASURED:
             raise ConfigError(f"compute_ms must be measured, a number of milliseconds or flops:TFLOPS, "
-                              f"got '{_short(value)}'")
+                              f"got '{short(value)}'")
     elif not value >= 0:
         raise ConfigError(f"compute_ms must be >= 0 milliseconds, got {value}")
 
@@ -297,6 +297,3 @@ def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -
     return Clock(cfg.network, step, sync)
 
 
-def _short(value) -> str:
-    text = str(value)
-    return text if len(text) <= 100 else text[:97] + "..."

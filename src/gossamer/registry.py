@@ -12,11 +12,20 @@ Some concepts take a parameter in their name (``random-regular:4``, ``edges:FILE
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import PurePath
 from typing import Any, Callable
 
 
 class ConfigError(ValueError):
     """Bad input: the message is one line naming the option and what is allowed (CLI: exit 2)."""
+
+
+def short(value: Any) -> str:
+    """At most ~100 characters of a value for an error line, non-printable characters escaped (so a
+    bad value is quoted, never echoed whole)."""
+    text = value if isinstance(value, str) else repr(value) if not isinstance(value, PurePath) else str(value)
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:200])  # '\n' shown, not broken
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def positive_ints(options: Any, *names: str, prefix: str = "") -> None:
@@ -94,7 +103,7 @@ class Registry:
         entry = self[base.strip()]
         param = param.strip() if sep else None
         if param is not None and entry.takes == "none":
-            raise self.error(f"{self.kind} '{entry.name}' takes no parameter, got '{spec[:100]}'")
+            raise self.error(f"{self.kind} '{entry.name}' takes no parameter, got '{short(spec)}'")
         if not param and entry.takes == "required":
             raise self.error(f"{self.kind} '{entry.name}' needs a parameter: '{entry.spec}'")
         if param == "" and entry.takes == "optional":

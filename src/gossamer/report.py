@@ -19,6 +19,7 @@ import yaml
 
 from .config import Config, ConfigError, read_yaml
 from .checkpoint import FORMAT
+from .registry import short
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt")  # what every run writes
@@ -152,7 +153,7 @@ class RunLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     os.close(fd)
-                    raise ConfigError(f"{option} '{_short(path)}' is in use by another run (its {LOCK} is locked); "
+                    raise ConfigError(f"{option} '{short(path)}' is in use by another run (its {LOCK} is locked); "
                                       f"wait for that run to end or choose another folder") from None
                 if _same_file(fd, path / LOCK):
                     self._fd = fd
@@ -161,9 +162,9 @@ class RunLock:
             done = recover(path)
         except OSError as e:
             self.release()
-            raise ConfigError(f"{option} '{_short(path)}': cannot take it for this run ({e.strerror or e})") from None
+            raise ConfigError(f"{option} '{short(path)}': cannot take it for this run ({e.strerror or e})") from None
         if done:
-            warn(f"{option} '{_short(path)}': {done}")
+            warn(f"{option} '{short(path)}': {done}")
 
     def release(self) -> None:
         if self._fd is not None:
@@ -203,7 +204,7 @@ class RunDir:
         self.checkpoints = 0  # written by this run
         self._metrics = self._logger = None
         if self.path.exists() and not self.path.is_dir():
-            raise ConfigError(f"--out '{_short(self.path)}' exists and is not a directory")
+            raise ConfigError(f"--out '{short(self.path)}' exists and is not a directory")
         with self._os_errors("cannot write a run there"):
             self.path.mkdir(parents=True, exist_ok=True)
         self._lock = lock or RunLock(self.path, self.option)
@@ -222,7 +223,7 @@ class RunDir:
         try:
             yield
         except OSError as e:
-            raise ConfigError(f"{self.option} '{_short(self.path)}': {what} ({e.strerror or e})") from None
+            raise ConfigError(f"{self.option} '{short(self.path)}': {what} ({e.strerror or e})") from None
 
     def _check(self, names: set[str], overwrite: bool, resume_step: int | None) -> set[str]:
         """Refuse what would replace files the user had; returns the names the old run wrote
@@ -232,16 +233,16 @@ class RunDir:
             return set()
         if resume_step is None:
             if not overwrite:
-                raise ConfigError(f"--out '{_short(self.path)}' is not empty; pass --overwrite to replace its run")
+                raise ConfigError(f"--out '{short(self.path)}' is not empty; pass --overwrite to replace its run")
             if MARKER not in present:
                 theirs = sorted(set(RUN_FILES) & present)
                 held = f": it holds {theirs[0]}, which no gossamer run wrote" if theirs else ""
-                raise ConfigError(f"--out '{_short(self.path)}' does not look like a gossamer run directory (no "
+                raise ConfigError(f"--out '{short(self.path)}' does not look like a gossamer run directory (no "
                                   f"{MARKER} marker){held}; nothing was changed: choose another --out")
         old = written(self.path)
         theirs = sorted((names & present) - old)
         if theirs:
-            raise ConfigError(f"{self.option} '{_short(self.path)}' holds {theirs[0]}, which no gossamer run wrote; "
+            raise ConfigError(f"{self.option} '{short(self.path)}' holds {theirs[0]}, which no gossamer run wrote; "
                               f"a run replaces only its own files: choose another folder")
         return old
 
@@ -264,14 +265,14 @@ class RunDir:
         a partial last line (a crash while it was written) is cut with a warning."""
         lines = metrics.read_text(errors="replace").split("\n")
         if lines[-1]:
-            warn(f"{_short(metrics)} ends in a partial line (a crash while it was written): cut it")
+            warn(f"{short(metrics)} ends in a partial line (a crash while it was written): cut it")
         kept = []
         for number, line in enumerate(lines[:-1], start=1):
             try:
                 row_step = json.loads(line)["step"] if line else None
             except (ValueError, TypeError, KeyError):
-                raise ConfigError(f"--resume '{_short(self.path)}': metrics.jsonl line {number} is not a metric "
-                                  f"row: {_short(line)}") from None
+                raise ConfigError(f"--resume '{short(self.path)}': metrics.jsonl line {number} is not a metric "
+                                  f"row: {short(line)}") from None
             if row_step is not None and row_step <= step:
                 kept.append(line)
         write_atomic(metrics, lambda f: f.write("".join(line + "\n" for line in kept).encode()))
@@ -421,16 +422,16 @@ def load_checkpoint(path: str | Path) -> dict:
     """The checkpoint of the run in ``path`` (tensors on the CPU), loaded with weights_only=True."""
     file = Path(path) / "checkpoint.pt"
     if not file.is_file():
-        raise ConfigError(f"--resume '{_short(path)}': no checkpoint.pt there (not a gossamer run, or it "
+        raise ConfigError(f"--resume '{short(path)}': no checkpoint.pt there (not a gossamer run, or it "
                           f"stopped before its first checkpoint)")
     try:
         state = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # an empty, truncated or foreign file
         reason = str(e).strip().splitlines()[0][:100] if str(e).strip() else "it ends early: empty or truncated"
-        raise ConfigError(f"--resume '{_short(path)}': checkpoint.pt cannot be read ({reason})") from None
+        raise ConfigError(f"--resume '{short(path)}': checkpoint.pt cannot be read ({reason})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else None
-        raise ConfigError(f"--resume '{_short(path)}': checkpoint.pt is of format {found}, this gossamer reads "
+        raise ConfigError(f"--resume '{short(path)}': checkpoint.pt is of format {found}, this gossamer reads "
                           f"format {FORMAT} (schedules' state changed); start the run again")
     return state
 
@@ -439,16 +440,12 @@ def saved_config(path: str | Path) -> dict:
     """The resolved config a run in ``path`` was started with (its config.yaml)."""
     file = Path(path) / "config.yaml"
     if not is_run(Path(path)) or not file.is_file():
-        raise ConfigError(f"--resume '{_short(path)}' is not a gossamer run directory (no config.yaml)")
+        raise ConfigError(f"--resume '{short(path)}' is not a gossamer run directory (no config.yaml)")
     values = read_yaml(file)
     if not isinstance(values, dict):
-        raise ConfigError(f"'{_short(file)}' must hold a mapping of keys to values")
+        raise ConfigError(f"'{short(file)}' must hold a mapping of keys to values")
     return values
 
-
-def _short(value) -> str:
-    text = str(value)
-    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def reference_trajectory(cfg: Config) -> list[float] | None:
@@ -466,7 +463,7 @@ def reference_trajectory(cfg: Config) -> list[float] | None:
 def read_trajectory(run_dir: str | Path, expect: dict) -> list[float]:
     """The Ξ_t² of the run in ``run_dir`` at steps 1, 2, … (as far as its metrics.jsonl has every
     step), after checking that its config has the ``expect``ed values where it has those keys."""
-    path, what = Path(run_dir), f"consensus.target run:{_short(run_dir)}"
+    path, what = Path(run_dir), f"consensus.target run:{short(run_dir)}"
     metrics = path / "metrics.jsonl"
     if not metrics.is_file():
         raise ConfigError(f"{what}: no metrics.jsonl there (not a gossamer run)")
@@ -475,7 +472,7 @@ def read_trajectory(run_dir: str | Path, expect: dict) -> list[float]:
         raise ConfigError(f"{what}: config.yaml must hold a mapping of keys to values")
     for key, value in expect.items():
         if key in ref_cfg and ref_cfg[key] != value:
-            raise ConfigError(f"{what} is incompatible: it has {key} = {_short(ref_cfg[key])}, this run {value}")
+            raise ConfigError(f"{what} is incompatible: it has {key} = {short(ref_cfg[key])}, this run {value}")
     by_step = {}
     for number, line in enumerate(_text(metrics, what).splitlines(), start=1):
         try:
@@ -483,7 +480,7 @@ def read_trajectory(run_dir: str | Path, expect: dict) -> list[float]:
             step, xi_sq = row["step"], float(row["consensus_distance_sq"])
         except (ValueError, TypeError, KeyError):
             raise ConfigError(f"{what}: metrics.jsonl line {number} has no step and numeric "
-                              f"consensus_distance_sq: {_short(line)}") from None
+                              f"consensus_distance_sq: {short(line)}") from None
         if not math.isfinite(xi_sq):
             raise ConfigError(f"{what}: metrics.jsonl line {number} has consensus_distance_sq = {xi_sq}; "
                               f"a reference must be finite")
@@ -505,16 +502,16 @@ def read_summary(path: str | Path, keys: tuple[str, ...] = ()) -> dict:
     """The summary.json of a finished run, which must be a JSON object with ``keys``."""
     file = Path(path) / "summary.json"
     if not file.is_file():
-        raise ConfigError(f"'{_short(path)}' holds no summary.json (not a finished gossamer run)")
+        raise ConfigError(f"'{short(path)}' holds no summary.json (not a finished gossamer run)")
     try:
-        summary = json.loads(_text(file, f"'{_short(path)}'"))
+        summary = json.loads(_text(file, f"'{short(path)}'"))
     except ValueError:
         summary = None
     if not isinstance(summary, dict):
-        raise ConfigError(f"'{_short(file)}' is not a summary (a JSON object of a finished run)")
+        raise ConfigError(f"'{short(file)}' is not a summary (a JSON object of a finished run)")
     missing = [k for k in keys if k not in summary]
     if missing:
-        raise ConfigError(f"'{_short(file)}' lacks {', '.join(missing)} (not a finished gossamer run)")
+        raise ConfigError(f"'{short(file)}' lacks {', '.join(missing)} (not a finished gossamer run)")
     return summary
 
 
@@ -553,15 +550,15 @@ def read_rows(path: str | Path) -> list[dict]:
     """The metric rows of a run (its metrics.jsonl), each a JSON object with a step."""
     file = Path(path) / "metrics.jsonl"
     if not file.is_file():
-        raise ConfigError(f"'{_short(path)}' holds no metrics.jsonl (not a gossamer run)")
+        raise ConfigError(f"'{short(path)}' holds no metrics.jsonl (not a gossamer run)")
     rows = []
-    for number, line in enumerate(_text(file, f"'{_short(path)}'").splitlines(), start=1):
+    for number, line in enumerate(_text(file, f"'{short(path)}'").splitlines(), start=1):
         try:
             row = json.loads(line)
         except ValueError:
             row = None
         if not isinstance(row, dict) or "step" not in row:
-            raise ConfigError(f"'{_short(file)}' line {number} is not a metric row: {_short(line)}")
+            raise ConfigError(f"'{short(file)}' line {number} is not a metric row: {short(line)}")
         rows.append(row)
     return rows
 
@@ -578,7 +575,7 @@ def _series(name: str, rows: list[dict], x: str, y: str) -> tuple[list[float], l
     if not points:
         why = "it was trained without a network section" if x == "time" and not any(key in r for r in rows) \
             else f"no metric row has {y}"
-        raise ConfigError(f"'{_short(name)}' has no {y} against {x} to show: {why}")
+        raise ConfigError(f"'{short(name)}' has no {y} against {x} to show: {why}")
     return [p[0] for p in points], [p[1] for p in points]
 
 
@@ -622,7 +619,7 @@ def plot_runs(runs: dict[str, Path], x: str, y: str | None, out: Path, title: st
     try:
         write_atomic(out, lambda f: fig.savefig(f, format="png", dpi=120))
     except OSError as e:
-        raise ConfigError(f"--out '{_short(out)}': cannot write the plot there ({e.strerror or e})") from None
+        raise ConfigError(f"--out '{short(out)}': cannot write the plot there ({e.strerror or e})") from None
     finally:
         plt.close(fig)
 

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import networkx as nx
 import numpy as np
 
-from .registry import ConfigError, Registry
+from .registry import ConfigError, Registry, short
 
 _TOL = 1e-12
 _MAX_TRIES = 100
@@ -384,7 +384,7 @@ def _edge_probability(arg: str | None) -> float:
         q = float(arg)
     except ValueError:
         raise TopologyError(f"topology 'erdos-renyi' takes an edge probability Q in (0, 1], "
-                            f"got '{_short(arg)}'") from None
+                            f"got '{short(arg)}'") from None
     if not (0.0 < q <= 1.0):
         raise TopologyError(f"topology 'erdos-renyi' needs edge probability 0 < Q <= 1, got Q = {q}")
     return q
@@ -401,7 +401,7 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     """
     name = "edges"
     if not os.path.isfile(path):
-        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' not found")
+        raise TopologyError(f"topology '{name}': edge file '{short(path)}' not found")
     g = nx.DiGraph()
     g.add_nodes_from(range(n))
     directed = False
@@ -409,11 +409,11 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
         with open(path, "rb") as fh:
             text = fh.read().decode("utf-8")
     except UnicodeDecodeError:
-        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' is not UTF-8 text") from None
+        raise TopologyError(f"topology '{name}': edge file '{short(path)}' is not UTF-8 text") from None
     except OSError as e:
-        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' cannot be read ({e.strerror})") from None
+        raise TopologyError(f"topology '{name}': edge file '{short(path)}' cannot be read ({e.strerror})") from None
     if "\x00" in text:
-        raise TopologyError(f"topology '{name}': edge file '{_short(path)}' is binary, not an edge list")
+        raise TopologyError(f"topology '{name}': edge file '{short(path)}' is binary, not an edge list")
     for lineno, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].replace("->", " -> ").strip()
         if not line:
@@ -426,13 +426,13 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
             i, j = int(parts[0]), int(parts[-1])
         except ValueError:
             raise TopologyError(
-                f"topology '{name}': {_short(path)} line {lineno}: expected two integers 'i j' or 'i -> j', "
-                f"got '{_short(raw.strip())}'"
+                f"topology '{name}': {short(path)} line {lineno}: expected two integers 'i j' or 'i -> j', "
+                f"got '{short(raw.strip())}'"
             ) from None
         for v in (i, j):
             if not 0 <= v < n:
                 raise TopologyError(
-                    f"topology '{name}': {_short(path)} line {lineno}: node {v} out of range "
+                    f"topology '{name}': {short(path)} line {lineno}: node {v} out of range "
                     f"0..{n - 1}"
                 )
         if i != j:
@@ -444,16 +444,11 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     if not nx.is_connected(g):
         k = nx.number_connected_components(g)
         raise TopologyError(
-            f"topology '{name}': graph in {_short(path)} is not connected on n = {n} nodes "
+            f"topology '{name}': graph in {short(path)} is not connected on n = {n} nodes "
             f"({k} components)"
         )
     return _metropolis_hastings(g, n)
 
-
-def _short(text: str) -> str:
-    """At most ~100 characters of a value, for error lines (non-printable characters escaped)."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:200])
-    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
@@ -462,7 +457,7 @@ def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
     try:
         return int(arg)
     except ValueError:
-        raise TopologyError(f"topology '{name}' takes an integer {what}, got '{_short(arg)}'") from None
+        raise TopologyError(f"topology '{name}' takes an integer {what}, got '{short(arg)}'") from None
 
 
 def _check_stochastic(m: Mixing, name: str, t: int = 0) -> bool:
@@ -502,21 +497,21 @@ def _check_strongly_connected(mixings: tuple[Mixing, ...], name: str) -> None:
 def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
     """Build and validate the topology named by `spec` ('name' or 'name:param') for n workers."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
-        raise TopologyError(f"topology '{_short(spec)}' needs an integer number of workers n, got {_short(repr(n))}")
+        raise TopologyError(f"topology '{short(spec)}' needs an integer number of workers n, got {short(repr(n))}")
     n = int(n)
     if n < 1:
-        raise TopologyError(f"topology '{_short(spec)}' needs n >= 1 workers, got n = {n}")
+        raise TopologyError(f"topology '{short(spec)}' needs n >= 1 workers, got n = {n}")
     entry, param = TOPOLOGIES.parse(spec)
-    _check_fits(f"building topology '{_short(spec)}'", n, lambda k: graph_bytes(spec, k))
+    _check_fits(f"building topology '{short(spec)}'", n, lambda k: graph_bytes(spec, k))
     built = entry.build(n, param, seed)
     mixings = built if isinstance(built, tuple) else (built,)
     doubly = True
     for t, m in enumerate(mixings):
         if m.n != n:
-            raise TopologyError(f"topology '{_short(spec)}': W_{t} has {m.n} workers, expected {n}")
-        doubly &= _check_stochastic(m, _short(spec), t)
+            raise TopologyError(f"topology '{short(spec)}': W_{t} has {m.n} workers, expected {n}")
+        doubly &= _check_stochastic(m, short(spec), t)
     if not doubly:
-        _check_strongly_connected(mixings, _short(spec))
+        _check_strongly_connected(mixings, short(spec))
     return Topology(name=spec, n=n, mixings=mixings, doubly_stochastic=doubly)
 
 
@@ -650,7 +645,7 @@ def spectral_gap(topology: Topology) -> float:
     if topology.n == 1:
         return 1.0
     if not topology.doubly_stochastic:
-        _check_fits(f"the spectral gap of directed topology '{_short(topology.name)}' (dense)", topology.n,
+        _check_fits(f"the spectral gap of directed topology '{short(topology.name)}' (dense)", topology.n,
                     lambda n: DENSE_BYTES * n * n)
     norm = _norm_minus_mean if topology.doubly_stochastic else _norm_minus_limit
     rho = 1.0 - norm(topology.mixings) ** (1.0 / topology.period)

@@ -10,6 +10,10 @@ wiring that needs real processes (DDP, process groups, a DistEngine's messages).
 2. Resume: the first half, then state_dicts into fresh objects, then the second half, against
    one straight run: OUT/resume-rank{R}.json.
 3. Buffers, process groups and bad input: OUT/checks-rank{R}.json.
+4. Before any process group exists (parity.py calls :func:`two_synchronizers` first): a
+   synchroniser creates the group, trains, closes; a second one (the first still referenced) joins
+   it and trains — no false "lost rank", no hang. Rank 0 writes the second one's Ξ² after its
+   average to OUT/synchronizers.json.
 """
 
 import json
@@ -201,6 +205,28 @@ def bad_input(out: Path) -> dict:
     except ConfigError as e:
         errors["ddp broadcasts buffers"] = str(e)
     return errors
+
+
+def two_synchronizers(out: Path) -> None:
+    """Item 4 of the module's docstring, on torchrun's environment and no process group."""
+    def steps(model, optimizer) -> None:
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).square().mean().backward()
+            optimizer.step()
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    first = LocalSGD(model, optimizer, local_steps=2)
+    steps(model, optimizer)
+    first.close()
+    second = LocalSGD(model, optimizer, local_steps=2)
+    steps(model, optimizer)
+    xi_sq = second.consensus_distance()
+    second.close()
+    if second.engine.rank == 0:
+        (out / "synchronizers.json").write_text(json.dumps({"consensus_distance_sq": xi_sq,
+                                                            "comm_rounds": second.comm.rounds}))
 
 
 def main(out: Path, cases: dict) -> None:

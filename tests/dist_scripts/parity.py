@@ -7,7 +7,8 @@
    CASES (a JSON file: {"runs": [[name, [overrides...]], ...]}), into OUT/NAME — all in one
    process group.
 3. With CASES' "hooks" (4 processes): the hooks' process checks of tests/dist_scripts/hooks.py,
-   into OUT/hooks, in the same process group (one launch less).
+   into OUT/hooks, in the same process group (one launch less) — the group that hooks.py's
+   two-synchroniser check creates first.
 """
 
 import json
@@ -72,7 +73,14 @@ def engine_checks(n: int, d: int = 37) -> dict:
 
 if __name__ == "__main__":
     out, cases = Path(sys.argv[1]), json.loads(Path(sys.argv[2]).read_text())
-    dist.init_process_group("gloo")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if "hooks" in cases:
+        import hooks
+
+        (out / "hooks").mkdir(exist_ok=True)
+        hooks.two_synchronizers(out / "hooks")  # creates the group
+    else:
+        dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     report = {f"n={n}": engine_checks(n) for n in sorted({world, 8})}
     (out / f"engine-rank{rank}.json").write_text(json.dumps(report, indent=1))
@@ -84,9 +92,5 @@ if __name__ == "__main__":
         if code:
             sys.exit(f"case {name} exited with {code}")
     if "hooks" in cases:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import hooks
-
-        (out / "hooks").mkdir(exist_ok=True)
         hooks.main(out / "hooks", cases["hooks"])
     dist.destroy_process_group()

@@ -160,8 +160,10 @@ class PostLocalOptions(LocalOptions):
             raise ConfigError("give post-local's switch as switch_epoch or switch_step, not both")
         if self.switch_epoch is None and self.switch_step is None and not cfg.milestones:
             raise ConfigError("post-local needs switch_epoch, switch_step or a learning-rate milestone")
-        if (self.switch_epoch or 0) < 0 or (self.switch_step or 0) < 0:
-            raise ConfigError("switch_epoch and switch_step must be >= 0")
+        if not 0 <= (self.switch_epoch or 0) < cfg.epochs:
+            raise ConfigError(f"switch_epoch must be in [0, epochs={cfg.epochs}), got {self.switch_epoch}")
+        if (self.switch_step or 0) < 0:
+            raise ConfigError(f"switch_step must be >= 0, got {self.switch_step}")
 
 
 @dataclass
@@ -205,6 +207,9 @@ def _local(cfg, ctx: Context) -> LocalSGD:
                      help="post-local SGD: mini-batch SGD until t′, then local SGD (Lin et al.)")
 def _post_local(cfg, ctx: Context) -> Schedule:
     switch = switch_step(cfg, ctx.steps_per_epoch)
+    if ctx.total_steps is not None and switch >= ctx.total_steps:
+        raise ConfigError(f"post-local's switch (switch_step or switch_epoch) must be below the run's "
+                          f"{ctx.total_steps} steps, got step {switch}")
     local = _local_sgd(cfg, ctx)
     return phased([AllReduce(), local], [switch], ctx) if switch > 0 else local
 

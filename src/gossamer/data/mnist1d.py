@@ -17,12 +17,15 @@ import numpy as np
 import torch
 
 from ..registry import ConfigError
+from ..topology import free_memory
 from .base import DATASETS, Dataset, default_cache_dir
 from .partition import steps_per_epoch
 
 MNIST1D_SEED = 42
 TRAIN_SPLIT = 0.8  # the generator's train/test split
 MIN_SAMPLES = 10
+# peak bytes per generated sample: 1,235 measured with tracemalloc at 20,000 samples, rounded up
+SAMPLE_BYTES = 1536
 
 
 @dataclass
@@ -34,6 +37,11 @@ class MNIST1DOptions:
             raise ConfigError(f"num_samples must be at least {MIN_SAMPLES} (the generator draws every class), "
                               f"got {self.num_samples}")
         steps_per_epoch(int(self.num_samples * TRAIN_SPLIT), cfg.workers, cfg.batch_size)  # before generating
+        free = free_memory()
+        if free is not None and self.num_samples * SAMPLE_BYTES > free:
+            raise ConfigError(f"num_samples {self.num_samples:.3g} needs about {self.num_samples * SAMPLE_BYTES / 2**30:.3g}"
+                              f" GiB to generate, more than the {free / 2**30:.3g} GiB free; at most "
+                              f"{free // SAMPLE_BYTES:,} fit")
 
 
 def _generate(num_samples: int, seed: int) -> dict[str, np.ndarray]:

@@ -55,7 +55,7 @@ def dirichlet_shards(labels: torch.Tensor, n: int, alpha: float, seed: int, min_
         parts = _dirichlet_split(y, n, alpha, np.random.default_rng(seed + attempt))
         if min(len(p) for p in parts) >= min_size:
             return [torch.as_tensor(p, dtype=torch.int64) for p in parts]
-    raise ValueError(
+    raise ConfigError(
         f"dirichlet_alpha={alpha} left some of the {n} workers with fewer than {min_size} samples "
         f"in {_MAX_DRAWS} draws; increase dirichlet_alpha or reduce workers/batch_size"
     )

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import ConfigError, Registry
+from ..registry import ConfigError, Registry, short
 from .base import Engine
 from .sim import SimEngine
 
@@ -27,7 +27,7 @@ class DistOptions:
 
     def validate(self, cfg) -> None:
         if self.dist_backend not in DIST_BACKENDS:
-            raise ConfigError(f"unknown dist_backend '{self.dist_backend}'; choose one of: {', '.join(DIST_BACKENDS)}")
+            raise ConfigError(f"unknown dist_backend '{short(self.dist_backend)}'; choose one of: {', '.join(DIST_BACKENDS)}")
         if not (self.dist_timeout > 0 and math.isfinite(self.dist_timeout)):
             raise ConfigError(f"dist_timeout must be a finite number of seconds > 0, got {self.dist_timeout}")
         if self.dist_backend == "nccl" and cfg.device == "cpu":
