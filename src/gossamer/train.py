@@ -34,7 +34,7 @@ from .sharpness import HVP_CHUNK, model_sharpness, training_subset
 from .sharpness import SAMPLES as SHARPNESS_SAMPLES
 from .tasks import TASKS, Task
 from .topology import free_memory
-from .workers import VMAP_MAX_PARAMETERS_CPU, WorkerMatrix, flatten
+from .workers import WorkerMatrix, backend_for, flatten
 
 
 class Diverged(RuntimeError):
@@ -237,12 +237,9 @@ def _either(options: tuple[str, ...]) -> str:
 
 
 def _vmap_backend(cfg: Config, m: int, parameters: int, device: torch.device) -> bool:
-    """Whether the gradient backend runs all m workers' batches at once: as
-    :func:`gossamer.workers.choose_backend` picks vmap (its float64-convolution exception, a
-    loop, counted as vmap)."""
-    if cfg.grad_backend != "auto":
-        return cfg.grad_backend == "vmap"
-    return m > 1 and (device.type == "cuda" or parameters < VMAP_MAX_PARAMETERS_CPU)
+    """Whether the gradient backend runs all m workers' batches at once (a loop picked for float64
+    convolutions is counted as vmap: the preflight does not build the model)."""
+    return backend_for(cfg.grad_backend, m, device, parameters, float64_convs=False) == "vmap"
 
 
 def epoch_indices(run: Run, epoch: int) -> torch.Tensor:

@@ -210,6 +210,14 @@ class WorkerMatrix:
 
 def choose_backend(model: nn.Module, m: int, backend: str = "auto", device: torch.device | None = None) -> str:
     """The gradient backend for ``m`` replicas of ``model`` on ``device``: ``loop`` or ``vmap`` (see module doc)."""
+    convs = any(isinstance(mod, nn.modules.conv._ConvNd) for mod in model.modules())
+    float64 = any(p.dtype == torch.float64 for p in model.parameters())
+    return backend_for(backend, m, device, sum(p.numel() for p in model.parameters()), convs and float64)
+
+
+def backend_for(backend: str, m: int, device: torch.device | None, parameters: int, float64_convs: bool) -> str:
+    """:func:`choose_backend`'s rule on the model's facts: its parameter count and whether it has
+    float64 convolutions (the memory preflight asks before the model is built)."""
     if backend not in GRAD_BACKENDS:
         raise ValueError(f"grad_backend must be one of {', '.join(GRAD_BACKENDS)}; got '{backend}'")
     if backend != "auto":
@@ -218,10 +226,8 @@ def choose_backend(model: nn.Module, m: int, backend: str = "auto", device: torc
         return "loop"
     if device is not None and device.type == "cuda":
         return "vmap"
-    if sum(p.numel() for p in model.parameters()) >= VMAP_MAX_PARAMETERS_CPU:
+    if parameters >= VMAP_MAX_PARAMETERS_CPU:
         return "loop"
     # float64 convolutions have no oneDNN kernel; their grouped (vmapped) fallback lost to the
     # loop below 8 workers (1.5x at n = 2 and 4, CNN1D), and won from n = 16 on
-    convs = any(isinstance(mod, nn.modules.conv._ConvNd) for mod in model.modules())
-    float64 = any(p.dtype == torch.float64 for p in model.parameters())
-    return "loop" if convs and float64 and m < 8 else "vmap"
+    return "loop" if float64_convs and m < 8 else "vmap"

@@ -28,6 +28,8 @@ a lost peer raises :class:`PeerLost` with one line naming it.
 from __future__ import annotations
 
 import atexit
+import collections
+import ctypes
 import os
 import time
 from dataclasses import dataclass
@@ -63,6 +65,26 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name == "nccl" and device.type != "cuda":
         raise ValueError("dist_backend 'nccl' needs device=cuda; use dist_backend=gloo (or auto) on CPU")
     return name
+
+
+# The last collectives' work objects, held here so that gloo's worker thread never drops the last
+# reference to one: a work destroyed on that thread frees its tensors' Python objects, which takes
+# the GIL — and a thread that takes the GIL while the interpreter finalizes is ended inside a C++
+# destructor: "terminate called without an active exception" (docs/distributed.md). During the run
+# a work leaves this queue, and is freed on the main thread, 8 collectives after its own; at exit
+# the queue is leaked (never freed: the OS reclaims the memory), so no work is destroyed while the
+# interpreter finalizes.
+_RECENT_WORK: collections.deque = collections.deque(maxlen=8)
+
+
+def retain(work) -> None:
+    """Hold a collective's ``work`` past its completion (see ``_RECENT_WORK``)."""
+    _RECENT_WORK.append(work)
+
+
+@atexit.register
+def _leak_recent_work() -> None:
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_RECENT_WORK))
 
 
 def _destroy_group() -> None:
@@ -273,6 +295,7 @@ class DistEngine(Engine):
             work = start()
             works = work if isinstance(work, list) else [work] if work is not None else []
             for w in works:
+                retain(w)
                 w.wait(self._op_timeout)
             if clock:
                 self._sync()

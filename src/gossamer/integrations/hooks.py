@@ -41,7 +41,7 @@ from ..algorithms import Context, begin_step, build_schedule
 from ..algorithms.gossip import gossip_state, local_estimate
 from ..config import from_dict
 from ..engines.base import Engine
-from ..engines.dist import DistEngine, env_world_size
+from ..engines.dist import DistEngine, env_world_size, retain
 from ..engines.stats import CommStats
 from ..registry import ConfigError
 from ..workers import bind_row, float_buffers, layout
@@ -178,6 +178,7 @@ class Synchronizer:
             return future
         buffer.div_(self.engine.world)
         work = dist.all_reduce(buffer, group=self.engine.group, async_op=True)
+        retain(work)
         return work.get_future().then(lambda f: f.value()[0])
 
     def _bind_gradients(self) -> None:
