@@ -1,7 +1,9 @@
-"""The test cases generated from the registries: every registered algorithm × codec × optimizer
-that the config accepts together, each run as its entries' ``example`` says, plus the option
-variants of an algorithm that its example does not reach (FEATURES). The resume, dist-parity and
-hot-path tests are parametrized from here, so a new registration is covered without editing them.
+"""The test cases generated from the registries: every registered algorithm × optimizer, and
+every compressing algorithm × codec (with SGD: a codec acts on model changes, which the optimizer
+only enters through the local step that the uncompressed cases cover), that the config accepts
+together, each run as its entries' ``example`` says, plus the option variants of an algorithm that
+its example does not reach (FEATURES). The resume, dist-parity and hot-path tests are parametrized
+from here, so a new registration is covered without editing them.
 """
 
 from pathlib import Path
@@ -36,6 +38,9 @@ FEATURES = {
     "hierarchical-average-optimizer-state": ["algorithm=hierarchical", "block_size=2", "local_steps=1",
                                              "momentum=0.9", "average_optimizer_state=true"],
     "sgp-directed-edges": ["algorithm=sgp", f"topology=edges:{DIRECTED}"],
+    "diloco-streaming": ["algorithm=diloco", "local_steps=4", "fragments=2", "fragment_delay=1", "fragment_alpha=0.5",
+                         "compression=ef-top-k:0.1+quant:2"],
+    "noloco": ["algorithm=diloco", "local_steps=2", "outer_topology=one-peer-exponential", "outer_gamma=0.5"],
     "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
                        "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }
@@ -59,9 +64,13 @@ def _spec(entry) -> str:
     return f"{entry.name}:{entry.example[0]}" if entry.takes == "required" else entry.name
 
 
+CHAIN = "top-k:0.1+quant:2"  # a sparsifier whose kept values are quantised (SparseLoCo's codec)
+
+
 def codecs() -> list[str]:
-    """``none``, every registered codec with its example parameter, and each with error feedback."""
-    plain = [_spec(e) for e in CODECS.entries.values()]
+    """``none``, every registered codec with its example parameter and the CHAIN, and each with
+    error feedback."""
+    plain = [*(_spec(e) for e in CODECS.entries.values()), CHAIN]
     return ["none", *plain, *(ERROR_FEEDBACK + c for c in plain)]
 
 
@@ -74,15 +83,16 @@ def _valid(overrides: list[str]) -> bool:
 
 
 def combinations(optimizers: bool = True) -> dict[str, list[str]]:
-    """{name: overrides} for every algorithm × codec (× optimizer) the config accepts together."""
+    """{name: overrides} for every algorithm × optimizer (or SGD alone) and every compressing
+    algorithm × codec with SGD, that the config accepts together."""
     cases = {}
     for algorithm in ALGORITHMS.entries.values():
         compresses = "compression" in algorithm.keys
         for codec in codecs() if compresses else ["none"]:
-            for optimizer in OPTIMIZERS.entries.values() if optimizers else [OPTIMIZERS["sgd"]]:
-                overrides = [f"algorithm={algorithm.name}", *algorithm.example,
+            for optimizer in OPTIMIZERS.entries.values() if optimizers and codec == "none" else [OPTIMIZERS["sgd"]]:
+                overrides = [f"algorithm={algorithm.name}",
                              *([f"compression={codec}"] if codec != "none" else []),
-                             f"optimizer={optimizer.name}", *optimizer.example]
+                             f"optimizer={optimizer.name}", *optimizer.example, *algorithm.example]
                 if _valid(overrides):
                     cases["-".join([algorithm.name, codec, optimizer.name])] = overrides
     return cases

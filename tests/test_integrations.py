@@ -75,8 +75,8 @@ def hook_of(overrides: list[str]) -> dict | None:
         return {"kind": "Gossip", "kwargs": {"topology": cfg.topology, "local_steps": cfg.local_steps,
                                              "gossip_form": cfg.gossip_form, "phases": cfg.phases,
                                              "phase_steps": cfg.phase_steps, "consensus": asdict(cfg.consensus)}}
-    if cfg.algorithm == "diloco":
-        return {"kind": "DiLoCo", "kwargs": {"local_steps": cfg.local_steps}}
+    if cfg.algorithm == "diloco" and cfg.compression == "none" and cfg.fragments == 1 and cfg.outer_topology == "none":
+        return {"kind": "DiLoCo", "kwargs": {"local_steps": cfg.local_steps}}  # the hook has no other options yet
     return None
 
 

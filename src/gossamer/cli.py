@@ -347,7 +347,8 @@ def _registry_help() -> str:
         for e in registry.entries.values():
             keys = f" [keys: {', '.join(e.keys)}]" if e.keys else ""
             lines.append(f"  {e.spec:<22} {e.help}{keys}")
-        also = ", or ef-NAME for error feedback" if registry is CODECS else ""
+        also = (", a chain SPARSIFIER+CODEC such as top-k:0.03+quant:2, or ef-NAME for error feedback"
+                if registry is CODECS else "")
         parts.append(f"{kind} (--set {kind}=NAME{also}):\n" + "\n".join(lines))
     presets = [f"  {name:<22} {p.bandwidth:g} Gbit/s, {p.latency:g} µs: {p.what}" for name, p in PRESETS.items()]
     parts.append("network (--set network=PRESET, or network.bandwidth=GBIT_S and network.latency=US; "

@@ -3,7 +3,7 @@
 A codec turns rows of changes Δ [m, d] into messages [m, B] (``encode``) and back into the dense
 rows they stand for (``decode``); engines only move the messages, so a new compressor is one
 registered builder here. The ``compression`` config value names one — ``sign``, ``top-k:F``,
-``random-k:F``, ``qsgd:S`` — or ``ef-`` + a codec for error feedback, which keeps the residual
+``random-k:F``, ``qsgd:S``, ``quant:B``, or a chain ``top-k:F+quant:B`` — or ``ef-`` + a codec for error feedback, which keeps the residual
 e ← (Δ + e) − C(Δ + e) locally and adds it to the next change (:class:`Compressor`). Every codec
 works per parameter tensor (T tensors of sizes d_t in a row); a message is exactly ``nbytes()``
 bytes (float32 values, int32 indices):
@@ -21,12 +21,24 @@ bytes (float32 values, int32 indices):
   rounded up from S|Δ_j|/‖Δ‖₂ with probability equal to its fractional part (a generator per
   worker, seeded with (seed, round, worker)): unbiased. Sign and level take
   1 + ⌈log₂(S + 1)⌉ bits a coordinate, plus a float32 norm a tensor.
+- ``quant:B`` (B-bit uniform quantisation): per tensor a float32 scale s_t = max_j |Δ_j| (rounded
+  up to float32), each coordinate a level ℓ_j ∈ {−L..L}, L = 2^(B−1) − 1, standing for s_t ℓ_j / L,
+  rounded stochastically (ℓ_j = ⌊u_j⌋ + [U_j < u_j − ⌊u_j⌋], u_j = L Δ_j / s_t; U_j from the
+  worker's generator (seed, round, worker)): unbiased. B bits a coordinate, ⌈B·d/8⌉ + 4T bytes.
+- chains ``S+V`` (``top-k:0.03+quant:2``, SparseLoCo's codec): the sparsifier S (top-k or
+  random-k) picks the coordinates, and its kept values travel through V (``sign``, ``qsgd:S`` or
+  ``quant:B``, per tensor over the k_t kept values) instead of as float32: V's bytes for the
+  k_t values, plus S's int32 indices (none for random-k).
 
 The two random codecs are unbiased, E C(Δ) = Δ, with variance E‖C(Δ) − Δ‖² ≤ ω_t‖Δ‖²
 (ω_t = d_t/k_t − 1 for random-k, min(d_t/S², √d_t/S) for QSGD). Error feedback and CHOCO-SGD
 need a contraction, ‖C(Δ) − Δ‖² ≤ (1 − δ)‖Δ‖² in expectation: for them the codec is built
 ``contractive`` and decodes C(Δ)/τ_t with τ_t = 1 + ω_t (Koloskova, Stich, Jaggi 2019, which
 for random-k is the plain kept coordinates) — the same bytes, decoded alike by every receiver.
+``quant:B``'s contractive form rounds to the nearest level instead: its grid holds 0 and ±s_t,
+so |C(Δ)_j − Δ_j| ≤ |Δ_j| and the largest coordinate is exact: ‖C(Δ) − Δ‖² ≤ (1 − 1/d_t)‖Δ‖²
+(deterministic, as SparseLoCo's error-feedback quantiser), where the unbiased form's τ_t = 1 + d_t/(4L²)
+would shrink every message.
 """
 
 from __future__ import annotations
@@ -118,29 +130,50 @@ class SignCodec:
 
 
 @dataclass
+class Kept:
+    """How a sparsifier's kept values [m, Σ k_t] travel: as float32, or through a ``values`` codec
+    (a chain's second codec, built on the k_t as its tensor sizes)."""
+
+    ks: list[int]
+    values: Codec | None = None
+
+    def value_nbytes(self) -> int:
+        return BYTES_PER_VALUE * sum(self.ks) if self.values is None else self.values.nbytes()
+
+    def encode_values(self, kept: torch.Tensor, round: int, rows: range) -> torch.Tensor:
+        return as_bytes(kept) if self.values is None else self.values.encode(kept, round, rows)
+
+    def decode_values(self, data: torch.Tensor, round: int, dtype: torch.dtype) -> torch.Tensor:
+        return from_bytes(data, dtype) if self.values is None else self.values.decode(data, round)
+
+
+@dataclass
 class TopK:
-    """The k_t = ⌈F·d_t⌉ largest-magnitude entries of each tensor: int32 indices, float32 values."""
+    """The k_t = ⌈F·d_t⌉ largest-magnitude entries of each tensor: their values (float32, or
+    through a chain's codec), then their int32 indices."""
 
     numels: list[int]
     fraction: float
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        self.ks = kept_per_tensor(self.fraction, self.numels)
+        self.kept = Kept(kept_per_tensor(self.fraction, self.numels))
+        self.ks = self.kept.ks
 
     def nbytes(self) -> int:
-        return 2 * BYTES_PER_VALUE * sum(self.ks)
+        return self.kept.value_nbytes() + BYTES_PER_VALUE * sum(self.ks)
 
     def encode(self, delta: torch.Tensor, round: int = 0, rows: range = range(0)) -> torch.Tensor:
         parts = delta.split(self.numels, dim=1)
         index = [part.abs().topk(k, dim=1, sorted=False).indices for part, k in zip(parts, self.ks)]
-        values = [part.gather(1, i) for part, i in zip(parts, index)]
-        return torch.cat([as_bytes(torch.cat(values, 1)), torch.cat(index, 1).to(torch.int32).view(torch.uint8)], 1)
+        values = torch.cat([part.gather(1, i) for part, i in zip(parts, index)], 1)
+        return torch.cat([self.kept.encode_values(values, round, rows),
+                          torch.cat(index, 1).to(torch.int32).view(torch.uint8)], 1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
-        kept = sum(self.ks)
-        values = from_bytes(messages[:, : BYTES_PER_VALUE * kept], self.dtype)
-        index = from_bytes(messages[:, BYTES_PER_VALUE * kept :], torch.int64, torch.int32)
+        split = self.kept.value_nbytes()
+        values = self.kept.decode_values(messages[:, :split], round, self.dtype)
+        index = from_bytes(messages[:, split:], torch.int64, torch.int32)
         offsets = torch.as_tensor(_offsets(self.numels), device=messages.device).repeat_interleave(
             torch.as_tensor(self.ks, device=messages.device))
         out = torch.zeros(messages.shape[0], sum(self.numels), dtype=self.dtype, device=messages.device)
@@ -150,7 +183,7 @@ class TopK:
 @dataclass
 class RandomK:
     """k_t = ⌈F·d_t⌉ coordinates per tensor, drawn alike by every worker from (seed, round, tensor):
-    only the float32 values travel. Decodes (d_t/k_t)·Δ_S (unbiased) or Δ_S (``contractive``)."""
+    only the values travel (float32, or through a chain's codec). Decodes (d_t/k_t)·Δ_S (unbiased) or Δ_S (``contractive``)."""
 
     numels: list[int]
     fraction: float
@@ -159,11 +192,12 @@ class RandomK:
     dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
-        self.ks = kept_per_tensor(self.fraction, self.numels)
+        self.kept = Kept(kept_per_tensor(self.fraction, self.numels))
+        self.ks = self.kept.ks
         self.scale = [1.0 if self.contractive else n / k for n, k in zip(self.numels, self.ks)]
 
     def nbytes(self) -> int:
-        return BYTES_PER_VALUE * sum(self.ks)
+        return self.kept.value_nbytes()
 
     def coordinates(self, round: int, device: torch.device) -> torch.Tensor:
         """The kept coordinates of a row in this round (every worker draws the same)."""
@@ -172,10 +206,10 @@ class RandomK:
         return torch.cat(picks).to(device)
 
     def encode(self, delta: torch.Tensor, round: int, rows: range = range(0)) -> torch.Tensor:
-        return as_bytes(delta[:, self.coordinates(round, delta.device)])
+        return self.kept.encode_values(delta[:, self.coordinates(round, delta.device)], round, rows)
 
     def decode(self, messages: torch.Tensor, round: int) -> torch.Tensor:
-        values = from_bytes(messages, self.dtype) * _per_coordinate(
+        values = self.kept.decode_values(messages, round, self.dtype) * _per_coordinate(
             torch.tensor([self.scale], dtype=self.dtype, device=messages.device), self.ks)
         out = torch.zeros(messages.shape[0], sum(self.numels), dtype=self.dtype, device=messages.device)
         out[:, self.coordinates(round, messages.device)] = values
@@ -225,6 +259,51 @@ class QSGD:
         norms = norms * torch.tensor(self.scale, dtype=self.dtype, device=messages.device) / self.levels
         value = _per_coordinate(norms, self.numels) * level
         return torch.where(bits[:, :, 0], -value, value)
+
+
+@dataclass
+class Quant:
+    """B-bit uniform quantisation per tensor (see the module docstring): a float32 scale s_t, then a
+    level ℓ ∈ {−L..L} a coordinate as the B-bit code ℓ + L. Stochastic rounding from (seed, round,
+    worker), unbiased; ``contractive``: rounded to the nearest level."""
+
+    numels: list[int]
+    bits: int
+    seed: int = 0
+    contractive: bool = False
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        self.levels = 2 ** (self.bits - 1) - 1  # L
+
+    def nbytes(self) -> int:
+        return -(-sum(self.numels) * self.bits // 8) + BYTES_PER_VALUE * len(self.numels)
+
+    def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
+        m, d = delta.shape
+        exact = torch.stack([part.abs().amax(1) for part in delta.split(self.numels, dim=1)], dim=1)
+        scales = exact.to(torch.float32)  # the scale sent; rounded up, so that |u| ≤ L
+        scales = torch.where(scales.to(exact.dtype) < exact, torch.nextafter(scales, torch.full_like(scales, math.inf)),
+                             scales)
+        u = delta * self.levels / _per_coordinate(scales.to(delta.dtype), self.numels).clamp_min(
+            torch.finfo(delta.dtype).tiny)
+        if self.contractive:
+            level = u.round()
+        else:
+            uniform = worker_uniforms(self.seed, round, rows, d, delta.dtype, delta.device)
+            level = u.floor() + (uniform < u - u.floor())
+        code = level.clamp_(-self.levels, self.levels).to(torch.int64) + self.levels
+        shifts = torch.arange(self.bits - 1, -1, -1, device=delta.device)
+        bits = (code.unsqueeze(2) >> shifts) & 1 == 1
+        return torch.cat([pack_bits(bits.view(m, d * self.bits)), as_bytes(scales)], dim=1)
+
+    def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
+        d, T = sum(self.numels), len(self.numels)
+        bits = unpack_bits(messages[:, : -BYTES_PER_VALUE * T], d * self.bits).view(-1, d, self.bits)
+        weights = 2 ** torch.arange(self.bits - 1, -1, -1, device=messages.device)
+        level = ((bits.to(torch.int64) * weights).sum(2) - self.levels).to(self.dtype)
+        scales = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype) / self.levels
+        return _per_coordinate(scales, self.numels) * level
 
 
 @dataclass
@@ -291,6 +370,37 @@ def _qsgd(param, numels, dtype, seed, contractive) -> QSGD:
     return QSGD(numels, levels, seed, contractive, dtype)
 
 
+@CODECS.register("quant", spec="quant:B", takes="required", example=("2",),
+                 help="B-bit uniform quantisation, a float32 max-scale per tensor, stochastic rounding (unbiased)")
+def _quant(param, numels, dtype, seed, contractive) -> Quant:
+    try:
+        bits = int(param)
+    except ValueError:
+        raise ConfigError(f"compression 'quant' takes an integer number of bits B, e.g. quant:2; got '{param}'") from None
+    if not 2 <= bits <= 16:
+        raise ConfigError(f"compression 'quant' needs bits B in 2..16 (levels −L..L, L = 2^(B−1) − 1), got {bits}")
+    return Quant(numels, bits, seed, contractive, dtype)
+
+
+SPARSIFIERS = (TopK, RandomK)
+
+
+def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0, contractive: bool = False) -> Codec:
+    """The codec named by ``spec`` (without ``ef-``): a registered codec, or a chain ``S+V`` (a
+    sparsifier S whose kept values travel through V)."""
+    first, chained, rest = spec.partition("+")
+    entry, param = CODECS.parse(first)
+    codec = entry.build(param, numels, dtype, seed, contractive)
+    if chained:
+        if not isinstance(codec, SPARSIFIERS):
+            raise ConfigError(f"compression chain '{spec[:100]}' must start with top-k:F or random-k:F, got '{first[:50]}'")
+        codec.kept.values = build_codec(rest, codec.ks, dtype, seed, contractive)
+        if isinstance(codec.kept.values, SPARSIFIERS):
+            raise ConfigError(f"compression chain '{spec[:100]}': the second codec quantises the kept values: "
+                              f"sign, qsgd:S or quant:B")
+    return codec
+
+
 @dataclass
 class Compressor:
     """One compressed channel (one sync level, or CHOCO's messages): a codec and, with error
@@ -316,15 +426,13 @@ def build_compressor(spec: str, numels: list[int], like: torch.Tensor, seed: int
     if spec == "none":
         return Compressor(Identity(numels))
     error_feedback = spec.startswith(ERROR_FEEDBACK)
-    entry, param = CODECS.parse(spec.removeprefix(ERROR_FEEDBACK))
-    codec = entry.build(param, numels, like.dtype, seed, contractive or error_feedback)
+    codec = build_codec(spec.removeprefix(ERROR_FEEDBACK), numels, like.dtype, seed, contractive or error_feedback)
     return Compressor(codec, torch.zeros_like(like) if error_feedback else None)
 
 
 def check_spec(spec: str) -> None:
-    """Raise a ConfigError unless ``spec`` names a codec (with or without ``ef-``) and a valid parameter."""
-    entry, param = CODECS.parse(spec.removeprefix(ERROR_FEEDBACK))
-    entry.build(param, [1], torch.float32, 0, False)
+    """Raise a ConfigError unless ``spec`` names a codec or chain (with or without ``ef-``) and valid parameters."""
+    build_codec(spec.removeprefix(ERROR_FEEDBACK), [1], torch.float32)
 
 
 _BIT_WEIGHTS = 2 ** torch.arange(7, -1, -1, dtype=torch.uint8)

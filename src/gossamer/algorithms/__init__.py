@@ -8,10 +8,12 @@ config, the summary and the hooks use.
 - :mod:`.local`: ``allreduce``, ``local``, ``post-local``, ``hierarchical`` (Lin et al.);
 - :mod:`.gossip`: ``gossip`` — D-SGD by phase, consensus control, quasi-global momentum (Kong et al.);
 - :mod:`.peer`: ``choco``, ``sgp``, ``gradient-tracking``;
-- :mod:`.diloco`: ``diloco``.
+- :mod:`.diloco`: ``diloco`` (compressed, streaming, NoLoCo's outer topology);
+- :mod:`.sparta`: ``sparta``;
+- :mod:`.demo`: ``decoupled-momentum`` (DeMo).
 """
 
-from . import diloco, gossip, local, peer  # noqa: F401  (each registers its algorithms)
+from . import demo, diloco, gossip, local, peer, sparta  # noqa: F401  (each registers its algorithms)
 from .schedule import ALGORITHMS, Context, Phases, Schedule, Step, begin_step, build_schedule
 
 __all__ = ["ALGORITHMS", "Context", "Phases", "Schedule", "Step", "begin_step", "build_schedule"]

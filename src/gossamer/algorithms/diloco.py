@@ -1,14 +1,26 @@
-"""DiLoCo (Douillard et al. 2023): H inner steps, then an outer step on the pseudo-gradient."""
+"""DiLoCo (Douillard et al. 2023) and its low-communication variants: H inner steps, then an
+outer step on the pseudo-gradient Δ = x_outer − x_i.
+
+- compressed outer gradients (SparseLoCo, Sarfi et al. 2025): each worker sends C(Δ_i (+ e_i)),
+  all-gathered; error feedback keeps each worker's residual e_i;
+- Streaming DiLoCo (Douillard et al. 2025): F fragments synchronised at staggered steps, the outer
+  update applied τ inner steps after it was sent, mixed with the local fragment by α;
+- NoLoCo (Kolehmainen et al. 2025): the outer step averages with the neighbours of an outer
+  topology instead of an all-reduce.
+"""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from ..codecs import Compressor, build_compressor, check_spec
 from ..optim import SGD
 from ..registry import ConfigError, positive_ints
+from ..topology import TOPOLOGIES, Topology, build_topology
 from .schedule import ALGORITHMS, Context, Schedule, Step
 
 
@@ -45,43 +57,107 @@ class OuterSGD:
         self.sgd.load_state_dict(state)
 
 
+def fragment_columns(numels: list[int], fragments: int) -> list[slice]:
+    """``fragments`` runs of consecutive parameter tensors, the cut after each run at the tensor
+    boundary nearest to j·d/F: the column ranges of the fragments."""
+    if fragments > len(numels):
+        raise ConfigError(f"fragments must be at most the model's {len(numels)} parameter tensors, got {fragments}")
+    ends, d, cuts = list(itertools.accumulate(numels)), sum(numels), []
+    for j in range(1, fragments):
+        first = cuts[-1] + 1 if cuts else 0
+        cuts.append(min(range(first, len(numels) - fragments + j), key=lambda k: abs(ends[k] - j * d / fragments)))
+    bounds = [0, *(ends[k] for k in cuts), d]
+    return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
+
+
 @dataclass
 class DiLoCo(Schedule):
-    """DiLoCo (Douillard et al. 2023): H inner steps, then an outer step on the pseudo-gradient.
+    """DiLoCo: H inner steps, then an outer step on the pseudo-gradient, per fragment.
 
-    Δ = x_outer − mean_i x_i (one all-reduce); the outer optimizer (``OuterSGD``: SGD with
-    Nesterov momentum, lr ``outer_lr``; in the library API the user's own) moves x_outer along −Δ
-    and every worker restarts from x_outer. With outer lr 1 and momentum 0, x_outer ← mean_i x_i:
-    exactly local SGD. Every worker keeps its own copy of x_outer and of the outer optimizer's
-    state (identical rows, as each DiLoCo replica does), and its inner optimizer's state across
-    outer steps, as the DiLoCo paper does (it is never averaged). ``shared_state`` (buffers
-    averaged with the parameters) is averaged at each outer step.
+    Fragment j (columns ``fragments[j]``; one fragment: the whole row) is sent after step t when
+    t + 1 − o_j ≥ 0 is a multiple of H, o_j = ⌊jH/F⌋: Δ = x_outer − mean_i x_i (one all-reduce)
+    or, ``compressors`` set, mean_i C(x_outer − x_i + e_i) (an all-gather of the messages); the
+    outer optimizer of the fragment (``OuterSGD``: Nesterov SGD, lr ``outer_lr``; in the library
+    API the user's own) moves x_outer along −Δ. After step t + τ (``delay``) it is applied:
+    x_i ← α x_i + (1 − α) x_outer (``alpha``; the worker has taken τ more inner steps). One
+    fragment, τ = 0, α = 0 is DiLoCo: x_i ← x_outer; with outer lr 1 and momentum 0 that is local
+    SGD. With an outer ``topology`` (NoLoCo) the round-r outer step of worker i uses its
+    neighbours': Δ̄_i = Σ_j w_ij Δ_j, x̄_i = Σ_j w_ij x_outer,j (one gossip round of both),
+    M_i ← μ M_i + Δ̄_i, x_outer,i ← x_outer,i − lr (Δ̄_i + μ M_i) − γ (x_outer,i − x̄_i): W = 11ᵀ/n
+    (``complete``) is DiLoCo. Every worker keeps its own copy of x_outer and of the outer
+    optimizer's state, and its inner optimizer's state across outer steps, as the DiLoCo paper
+    does. ``shared_state`` (buffers) is averaged at each send of fragment 0.
     """
 
     local_steps: int
-    outer: OuterOptimizer
+    outers: list[OuterOptimizer]
     shared_state: list[torch.Tensor] = field(default_factory=list)
+    fragments: list[slice] = field(default_factory=lambda: [slice(None)])
+    compressors: list[Compressor] | None = None
+    delay: int = 0  # τ
+    alpha: float = 0.0
+    topology: Topology | None = None
+    gamma: float = 1.0  # NoLoCo's pull towards the neighbours' outer model
     x_outer: torch.Tensor | None = None
 
     def start(self, engine, X: torch.Tensor) -> None:
         self.x_outer = X.clone()
-        self.outer.start(self.x_outer)
+        for outer, cols in zip(self.outers, self.fragments):
+            outer.start(self.x_outer[:, cols])
+
+    def sends(self, j: int, t: int) -> bool:
+        """Whether fragment j is sent after step t."""
+        since = t + 1 - j * self.local_steps // len(self.fragments)
+        return t >= 0 and since >= 0 and since % self.local_steps == 0
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
-        if (step.t + 1) % self.local_steps:
-            return {}
-        for rows in (X, *self.shared_state):
-            engine.allreduce_mean_(rows)
-        self.outer.step(self.x_outer, self.x_outer - X)
-        X.copy_(self.x_outer)
+        for j, cols in enumerate(self.fragments):
+            if self.sends(j, step.t):
+                self._send(engine, X, j, step.t)
+            if self.sends(j, step.t - self.delay):
+                x, outer = X[:, cols], self.x_outer[:, cols]
+                x.mul_(self.alpha).add_(outer, alpha=1 - self.alpha) if self.alpha else x.copy_(outer)
         return {}
 
+    def _send(self, engine, X: torch.Tensor, j: int, t: int) -> None:
+        cols, outer = self.fragments[j], self.x_outer[:, self.fragments[j]]
+        if j == 0:
+            for rows in self.shared_state:
+                engine.allreduce_mean_(rows)
+        if self.topology is not None:
+            self._neighbours_step(engine, X, t)
+        elif self.compressors is None:
+            mean = X[:, cols].clone()
+            engine.allreduce_mean_(mean)
+            self.outers[j].step(outer, outer - mean)
+        else:
+            codec = self.compressors[j]
+            messages = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows))
+            self.outers[j].step(outer, messages.mean(lambda m: codec.codec.decode(m, t)))
+
+    def _neighbours_step(self, engine, X: torch.Tensor, t: int) -> None:
+        d = X.shape[1]
+        both = torch.cat([self.x_outer - X, self.x_outer], dim=1)
+        engine.gossip_(both, self.topology.mixing((t + 1) // self.local_steps - 1))
+        pull = (self.x_outer - both[:, d:]).mul_(self.gamma)
+        self.outers[0].step(self.x_outer, both[:, :d])
+        self.x_outer.sub_(pull)
+
     def state_dict(self) -> dict:
-        return {"rows": {"x_outer": self.x_outer}, "outer": self.outer.state_dict()}
+        rows = {"x_outer": self.x_outer}
+        rows.update({f"residual/{j}": c.residual for j, c in enumerate(self.compressors or [])
+                     if c.residual is not None})
+        first, *others = self.outers
+        return {"rows": rows, "outer": first.state_dict(),
+                **{f"outer/{j}": o.state_dict() for j, o in enumerate(others, 1)}}
 
     def load_state_dict(self, state: dict) -> None:
         self.x_outer.copy_(state["rows"]["x_outer"])
-        self.outer.load_state_dict(state["outer"])
+        for j, c in enumerate(self.compressors or []):
+            if c.residual is not None:
+                c.residual = state["rows"][f"residual/{j}"].clone()
+        for j, o in enumerate(self.outers):
+            o.load_state_dict(state[f"outer/{j}" if j else "outer"])
 
 
 @dataclass
@@ -89,19 +165,65 @@ class DiLoCoOptions:
     local_steps: int = 1  # H: inner steps per outer step
     outer_lr: float = 0.7
     outer_momentum: float = 0.9  # Nesterov
+    compression: str = "none"  # the pseudo-gradients' codec (all-gathered): ef-top-k:0.03+quant:2, ...
+    fragments: int = 1  # F: Streaming DiLoCo's fragments, synced at staggered steps
+    fragment_delay: int = 0  # τ: inner steps between sending a fragment and applying its outer update
+    fragment_alpha: float = 0.0  # α: x_i ← α x_i + (1 − α) x_outer when it is applied
+    outer_topology: str = "none"  # NoLoCo: the outer step averages with neighbours on this topology
+    outer_gamma: float = 1.0  # NoLoCo: γ, the pull towards the neighbours' outer model
 
     def validate(self, cfg) -> None:
-        positive_ints(self, "local_steps")
+        positive_ints(self, "local_steps", "fragments")
         if cfg.average_optimizer_state:
             raise ConfigError("average_optimizer_state does not apply to algorithm diloco: each worker keeps its "
                               "inner optimizer state across outer steps, as in the DiLoCo paper")
         if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
             raise ConfigError(f"diloco needs outer_lr > 0 and outer_momentum in [0, 1), "
                               f"got {self.outer_lr} and {self.outer_momentum}")
+        if self.compression != "none":
+            check_spec(self.compression)
+        if self.fragments > self.local_steps:
+            raise ConfigError(f"fragments must be at most local_steps={self.local_steps} (each fragment is sent "
+                              f"at its own step of the H), got {self.fragments}")
+        if not 0 <= self.fragment_delay < self.local_steps:
+            raise ConfigError(f"fragment_delay must be in [0, local_steps={self.local_steps}), got {self.fragment_delay}")
+        if not 0 <= self.fragment_alpha < 1:
+            raise ConfigError(f"fragment_alpha must be in [0, 1), got {self.fragment_alpha}")
+        if self.outer_topology == "none":
+            if self.outer_gamma != 1.0:
+                raise ConfigError("outer_gamma applies only with an outer_topology (NoLoCo)")
+            return
+        TOPOLOGIES.parse(self.outer_topology)
+        if self.compression != "none" or self.fragments > 1 or self.fragment_delay or self.fragment_alpha:
+            raise ConfigError("outer_topology (NoLoCo) needs compression: none, fragments: 1, fragment_delay: 0 "
+                              "and fragment_alpha: 0")
+        if not 0 <= self.outer_gamma <= 1:
+            raise ConfigError(f"outer_gamma must be in [0, 1], got {self.outer_gamma}")
 
 
 @ALGORITHMS.register("diloco", options=DiLoCoOptions, example=("local_steps=3",),
-                     help="DiLoCo: H inner steps, then an outer Nesterov step on the pseudo-gradient")
+                     help="DiLoCo: H inner steps, then an outer Nesterov step on the pseudo-gradient; compressed "
+                          "(SparseLoCo), streaming (fragments) or on an outer topology (NoLoCo)")
 def _diloco(cfg, ctx: Context) -> DiLoCo:
-    outer = ctx.outer_optimizer or OuterSGD(cfg.outer_lr, cfg.outer_momentum)
-    return DiLoCo(cfg.local_steps, outer, ctx.buffer_rows)
+    fragments = fragment_columns(ctx.numels, cfg.fragments)
+    if ctx.outer_optimizer is not None and len(fragments) > 1:
+        raise ConfigError("fragments > 1 needs the config's outer optimizer (outer_lr, outer_momentum), "
+                          "not a user's outer optimizer")
+    outers = [ctx.outer_optimizer] if ctx.outer_optimizer else \
+        [OuterSGD(cfg.outer_lr, cfg.outer_momentum) for _ in fragments]
+    compressors = None if cfg.compression == "none" else \
+        [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed)
+         for cols in fragments]
+    topology = None if cfg.outer_topology == "none" else build_topology(cfg.outer_topology, cfg.workers, cfg.seed)
+    if topology is not None and not topology.doubly_stochastic:
+        raise ConfigError(f"outer_topology '{cfg.outer_topology[:100]}' is directed: NoLoCo needs an undirected one")
+    return DiLoCo(cfg.local_steps, outers, ctx.buffer_rows, fragments, compressors, cfg.fragment_delay,
+                  cfg.fragment_alpha, topology, cfg.outer_gamma)
+
+
+def _tensors(numels: list[int], cols: slice) -> slice:
+    """The parameter tensors whose columns are ``cols`` (a fragment of whole tensors)."""
+    ends = list(itertools.accumulate(numels))
+    start = 0 if cols.start in (None, 0) else ends.index(cols.start) + 1
+    stop = len(numels) if cols.stop is None else ends.index(cols.stop) + 1
+    return slice(start, stop)

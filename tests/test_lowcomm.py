@@ -1,0 +1,287 @@
+"""The low-communication frontier (issue 24): quant:B and codec chains, compressed / streaming
+DiLoCo, NoLoCo, SPARTA and DeMo — each against a reference written from its update rule (f_i(x) =
+½‖x − b_i‖², float64), the primitives each calls, its exact bytes and its refusals."""
+
+import math
+import re
+
+import pytest
+import torch
+
+from conftest import train_final
+from gossamer.algorithms.demo import DecoupledMomentum, chunk_size
+from gossamer.algorithms.diloco import DiLoCo, OuterSGD, fragment_columns
+from gossamer.algorithms.sparta import Sparta
+from gossamer.cli import main
+from gossamer.codecs import RandomK, build_compressor, check_spec
+from gossamer.config import ConfigError
+from gossamer.engines.stats import allreduce_bytes
+from gossamer.rng import generator
+from gossamer.topology import build_topology
+from test_peer_algorithms import drive, quadratic
+from test_schedules import record
+
+NUMELS = [2, 3, 1]  # a row of d = 6 in three "tensors"
+
+
+def nesterov(x, m, delta, lr, mu):
+    """The outer step: m ← μ m + Δ; x ← x − lr (Δ + μ m)."""
+    m.mul_(mu).add_(delta)
+    x.sub_(lr * (delta + mu * m))
+
+
+def f32(t):
+    return t.to(torch.float32).to(t.dtype)
+
+
+def scales(message, numels):
+    """The float32 scales at the end of a quant message, one per coordinate (float64)."""
+    T = len(numels)
+    per_tensor = message[:, -4 * T:].clone(memory_format=torch.contiguous_format).view(torch.float32).double()
+    return per_tensor.repeat_interleave(torch.tensor(numels), dim=1)
+
+
+# ---------------------------------------------------------------- quant:B and chains
+
+
+def test_quant_is_b_bits_a_coordinate_plus_a_scale_and_rounds_to_a_neighbouring_level():
+    X = torch.randn(3, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for bits in (2, 3, 8):
+        L = 2 ** (bits - 1) - 1
+        c = build_compressor(f"quant:{bits}", NUMELS, X, seed=4).codec
+        message = c.encode(X, 7, range(3))
+        assert message.shape[1] == c.nbytes() == math.ceil(6 * bits / 8) + 4 * 3
+        s = scales(message, NUMELS)
+        assert (s >= torch.cat([p.abs().amax(1, keepdim=True).expand_as(p) for p in X.split(NUMELS, 1)], 1)).all()
+        u, level = X * L / s, c.decode(message, 7) * L / s
+        assert ((level - u.floor()).abs() < 1e-9).logical_or((level - u.ceil()).abs() < 1e-9).all()
+        nearest = build_compressor(f"ef-quant:{bits}", NUMELS, X).codec  # the contractive form
+        message = nearest.encode(X, 7, range(3))
+        error, s = nearest.decode(message, 7) - X, scales(message, NUMELS)
+        assert (error.abs() <= (s / (2 * L)) + 1e-12).all() and (error.abs() <= X.abs() + 1e-12).all()
+
+
+def test_quant_is_unbiased_exactly():
+    """E C(Δ)_j = s/L (⌊u⌋ + P[U < u − ⌊u⌋]): over the rounding's two outcomes, weighted."""
+    X = torch.randn(1, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    c = build_compressor("quant:3", NUMELS, X).codec
+    s = scales(c.encode(X, 0, range(1)), NUMELS)
+    u = X * 3 / s
+    low, high = u.floor() * s / 3, u.ceil() * s / 3
+    expected = low + (u - u.floor()) * (high - low)
+    torch.testing.assert_close(expected, X, atol=1e-12, rtol=0)
+    draws = torch.stack([c.decode(c.encode(X, r, range(1)), r) for r in range(200)])
+    assert ((draws - low).abs() < 1e-9).logical_or((draws - high).abs() < 1e-9).all()
+
+
+def test_a_chain_sends_the_kept_values_quantised_and_the_indices():
+    X = torch.randn(2, 60, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    c = build_compressor("ef-top-k:0.1+quant:2", [20, 40], X).codec
+    k = [2, 4]
+    assert c.encode(X, 0, range(2)).shape[1] == c.nbytes() == math.ceil(6 * 2 / 8) + 4 * 2 + 4 * 6
+    decoded = c.decode(c.encode(X, 0, range(2)), 0)
+    for part, dec, kt in zip(X.split([20, 40], 1), decoded.split([20, 40], 1), k):
+        top = part.abs().topk(kt, 1).indices
+        assert ((dec != 0).sum(1) <= kt).all()
+        kept = part.gather(1, top)  # levels {−s, 0, s} of the kept values, s = their max
+        s = f32(kept.abs().amax(1, keepdim=True))
+        torch.testing.assert_close(dec.gather(1, top), (kept / s).round() * s, atol=1e-6, rtol=0)
+    assert build_compressor("random-k:0.5+qsgd:4", [20, 40], X).codec.nbytes() == math.ceil(30 * 4 / 8) + 4 * 2
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("quant:1", "quant' needs bits B in 2..16"), ("quant:x", "quant' takes an integer number of bits"),
+    ("sign+quant:2", "must start with top-k:F or random-k:F"),
+    ("top-k:0.1+random-k:0.5", "the second codec quantises the kept values")])
+def test_bad_codec_specs_are_one_line(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        check_spec(spec)
+
+
+# ---------------------------------------------------------------- DiLoCo: compressed, streaming
+
+
+def diloco_reference(X, B, lr, steps, H, fragments, delay=0, alpha=0.0, outer_lr=0.7, mu=0.9, topk=None):
+    """Streaming DiLoCo from its rules: fragment j (columns cols) sent after step t when
+    t + 1 − ⌊jH/F⌋ ≥ 0 is a multiple of H: Δ = mean_i (x_outer − x_i) (top-k per tensor with
+    error feedback if ``topk``: float32 values), a Nesterov outer step; applied after t + τ."""
+    X, F = X.clone(), len(fragments)
+    outer, m = X.clone(), torch.zeros_like(X)
+    e = torch.zeros_like(X)
+    for t in range(steps):
+        X -= lr * (X - B)
+        for j, cols in enumerate(fragments):
+            since = t + 1 - j * H // F
+            if since >= 0 and since % H == 0:
+                delta = outer[:, cols] - X[:, cols]
+                if topk is not None:
+                    v = delta + e[:, cols]
+                    sent = torch.zeros_like(v)
+                    for a, b, k in topk[j]:  # (start, stop, k) of each tensor of the fragment
+                        idx = v[:, a:b].abs().topk(k, 1).indices
+                        sent[:, a:b].scatter_(1, idx, f32(v[:, a:b].gather(1, idx)))
+                    e[:, cols] = v - sent
+                    delta = sent
+                nesterov(outer[:, cols], m[:, cols], delta.mean(0, keepdim=True).expand_as(delta), outer_lr, mu)
+            since -= delay
+            if t - delay >= 0 and since >= 0 and since % H == 0:
+                X[:, cols] = alpha * X[:, cols] + (1 - alpha) * outer[:, cols]
+    return X
+
+
+def schedule(H, fragments, compression="none", delay=0, alpha=0.0, like=None):
+    comp = None if compression == "none" else [build_compressor(compression, n, like[:, c]) for n, c in fragments]
+    return DiLoCo(H, [OuterSGD(0.7, 0.9) for _ in fragments], [], [c for _, c in fragments], comp, delay, alpha)
+
+
+def identical_start(n=4, d=6):
+    X, B = quadratic(n=n, d=d)
+    return X[:1].expand_as(X).clone(), B
+
+
+def test_streaming_diloco_matches_its_update_rule():
+    X, B = identical_start()
+    cols = fragment_columns(NUMELS, 3)
+    assert cols == [slice(0, 2), slice(2, 5), slice(5, 6)]
+    got = drive(schedule(6, [([2], cols[0]), ([3], cols[1]), ([1], cols[2])], delay=1, alpha=0.5), X.clone(), B, 20, 0.1)
+    torch.testing.assert_close(got, diloco_reference(X, B, 0.1, 20, 6, cols, delay=1, alpha=0.5), atol=1e-12, rtol=0)
+
+
+def test_diloco_with_compressed_pseudo_gradients_matches_its_update_rule():
+    X, B = identical_start()
+    frags = [([2, 3], slice(0, 5)), ([1], slice(5, 6))]
+    got = drive(schedule(4, frags, "ef-top-k:0.4", like=X), X.clone(), B, 17, 0.1)
+    ref = diloco_reference(X, B, 0.1, 17, 4, [c for _, c in frags], topk=[[(0, 2, 1), (2, 5, 2)], [(0, 1, 1)]])
+    torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
+
+
+def test_one_fragment_without_delay_or_mixing_is_diloco_bit_for_bit():
+    """DiLoCo as it was: X ← mean X in place, x_outer stepped on x_outer − X, X ← x_outer."""
+    X, B = identical_start()
+    got = drive(schedule(3, [(NUMELS, fragment_columns(NUMELS, 1)[0])]), X.clone(), B, 10, 0.1)
+    X, outer, m = X.clone(), X.clone(), torch.zeros_like(X)
+    for t in range(10):
+        X.sub_(X - B, alpha=0.1)
+        if (t + 1) % 3 == 0:
+            X.copy_(X.mean(0, keepdim=True).expand_as(X))
+            delta = outer - X
+            m.mul_(0.9).add_(delta)
+            outer.add_(delta.add_(m, alpha=0.9), alpha=-0.7)
+            X.copy_(outer)
+    assert torch.equal(got, X)
+
+
+def test_compressed_and_streaming_diloco_call_and_count():
+    calls = record("algorithm=diloco", "local_steps=4", "compression=ef-top-k:0.01+quant:2", steps=8)
+    k = [-(-n // 100) for n in (125, 25, 1875, 25, 1875, 25, 1250, 10)]
+    assert calls == [(t, "all_gather", 4 * sum(k) + math.ceil(2 * sum(k) / 8) + 4 * 8, None) for t in (3, 7)]
+    calls = record("algorithm=diloco", "local_steps=4", "fragments=2", steps=8)
+    d0 = 125 + 25 + 1875 + 25  # the cut nearest to d/2 = 2605: after the fourth tensor
+    assert calls == [(1, "allreduce", f"{5210 - d0} columns"), (3, "allreduce", f"{d0} columns"),
+                     (5, "allreduce", f"{5210 - d0} columns"), (7, "allreduce", f"{d0} columns")]
+    with pytest.raises(ConfigError, match="fragments must be at most the model's 3 parameter tensors, got 4"):
+        fragment_columns(NUMELS, 4)
+
+
+# ---------------------------------------------------------------- NoLoCo
+
+
+def test_noloco_on_the_complete_graph_is_diloco():
+    a, run_a = train_final("algorithm=diloco", "local_steps=3", "outer_topology=complete", "outer_gamma=0.5")
+    b, run_b = train_final("algorithm=diloco", "local_steps=3")
+    torch.testing.assert_close(run_a.workers.X, run_b.workers.X, atol=1e-12, rtol=0)
+
+
+def test_noloco_matches_its_update_rule_and_gossips_both_models():
+    X, B = quadratic(n=8, d=6)
+    topology = build_topology("one-peer-exponential", 8)
+    sched = DiLoCo(2, [OuterSGD(0.7, 0.9)], [], [slice(0, 6)], topology=topology, gamma=0.5)
+    got = drive(sched, X.clone(), B, 9, 0.1)
+    X, outer, m = X.clone(), X.clone(), torch.zeros_like(X)
+    for t in range(9):
+        X -= 0.1 * (X - B)
+        if (t + 1) % 2 == 0:
+            W = torch.tensor(topology.matrix((t + 1) // 2 - 1), dtype=X.dtype)
+            delta, mean = W @ (outer - X), W @ outer
+            pull = 0.5 * (outer - mean)
+            nesterov(outer, m, delta, 0.7, 0.9)
+            outer -= pull
+            X = outer.clone()
+    torch.testing.assert_close(got, X, atol=1e-12, rtol=0)
+    calls = record("algorithm=diloco", "local_steps=3", "outer_topology=one-peer-exponential", steps=6)
+    assert calls == [(t, "gossip", "10420 columns") for t in (2, 5)]  # [Δ | x_outer]: 2d values
+
+
+# ---------------------------------------------------------------- SPARTA
+
+
+def test_sparta_matches_its_update_rule_and_counts_one_allreduce_of_the_chosen_coordinates():
+    X, B = quadratic(n=4, d=6)
+    got = drive(Sparta(RandomK(NUMELS, 0.5, seed=3)), X.clone(), B, 7, 0.1)
+    X = X.clone()
+    for t in range(7):
+        X -= 0.1 * (X - B)
+        chosen = [torch.randperm(n, generator=generator(3, t, k))[: math.ceil(n / 2)] + o
+                  for k, (n, o) in enumerate(zip(NUMELS, (0, 2, 5)))]
+        for c in torch.cat(chosen).tolist():
+            X[:, c] = X[:, c].mean()
+    torch.testing.assert_close(got, X, atol=1e-12, rtol=0)
+    k = sum(-(-n // 20) for n in (125, 25, 1875, 25, 1875, 25, 1250, 10))
+    assert record("algorithm=sparta", "sparta_fraction=0.05", steps=2) == [(t, "allreduce", f"{k} columns")
+                                                                           for t in (0, 1)]
+    summary, _ = train_final("algorithm=sparta", "sparta_fraction=0.05")
+    assert summary["bytes_per_worker"] == 2 * 12 * allreduce_bytes(k, 4)
+
+
+# ---------------------------------------------------------------- DeMo
+
+
+def test_decoupled_momentum_matches_its_update_rule():
+    X, B = quadratic(n=4, d=6)
+    numels, beta, k = [6], 0.9, 2
+    s = chunk_size(6, 3)
+    demo = DecoupledMomentum(beta, numels, [s], [k], torch.zeros_like(X))
+    got = drive(demo, X.clone(), B, 5, 0.1)
+    D = torch.tensor([[math.sqrt((1 if q else 0.5) * 2 / s) * math.cos(math.pi * (2 * j + 1) * q / (2 * s))
+                       for j in range(s)] for q in range(s)], dtype=X.dtype)
+    X, M = X.clone(), torch.zeros_like(X)
+    for t in range(5):
+        M = beta * M + (X - B)
+        sent = torch.zeros_like(X)
+        for i in range(4):
+            for c in range(6 // s):
+                q = D @ M[i, c * s : (c + 1) * s]
+                top = q.abs().topk(k).indices
+                kept = torch.zeros_like(q)
+                kept[top] = f32(q[top])
+                sent[i, c * s : (c + 1) * s] = D.T @ kept
+        M = M - sent
+        X -= 0.1 * sent.mean(0, keepdim=True).sign()
+    torch.testing.assert_close(got, X, atol=1e-12, rtol=0)
+
+
+def test_decoupled_momentum_all_gathers_k_values_and_indices_per_chunk_every_step():
+    cfg = ["algorithm=decoupled-momentum", "momentum=0", "nesterov=false", "demo_chunk=8", "demo_topk=2"]
+    sizes = [chunk_size(n, 8) for n in (125, 25, 1875, 25, 1875, 25, 1250, 10)]
+    nbytes = 8 * sum(n // s * min(2, s) for n, s in zip((125, 25, 1875, 25, 1875, 25, 1250, 10), sizes))
+    assert record(*cfg, steps=2) == [(t, "all_gather", nbytes, None) for t in (0, 1)]
+
+
+# ---------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["algorithm=diloco", "local_steps=2", "fragments=3"], "fragments must be at most local_steps=2"),
+    (["algorithm=diloco", "local_steps=2", "fragment_delay=2"], r"fragment_delay must be in \[0, local_steps=2\)"),
+    (["algorithm=diloco", "fragment_alpha=1"], r"fragment_alpha must be in \[0, 1\)"),
+    (["algorithm=diloco", "outer_gamma=0.5"], "outer_gamma applies only with an outer_topology"),
+    (["algorithm=diloco", "outer_topology=ring", "compression=sign"], "outer_topology .NoLoCo. needs compression: none"),
+    (["algorithm=sparta", "sparta_fraction=0"], r"sparta_fraction must be in \(0, 1\]"),
+    (["algorithm=decoupled-momentum"], "needs optimizer sgd with momentum=0"),
+    (["algorithm=allreduce", "sparta_fraction=0.1"], "sparta_fraction does not apply to algorithm 'allreduce'"),
+    (["algorithm=local", "fragments=2"], "fragments does not apply to algorithm 'local'"),
+])
+def test_options_that_do_not_apply_or_are_out_of_range_are_refused(overrides, message, capsys):
+    assert main(["train", "--quiet", *(a for o in overrides for a in ("--set", o))]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
