@@ -82,9 +82,11 @@ class DiLoCo(Schedule):
     x_i ← α x_i + (1 − α) x_outer (``alpha``; the worker has taken τ more inner steps). One
     fragment, τ = 0, α = 0 is DiLoCo: x_i ← x_outer; with outer lr 1 and momentum 0 that is local
     SGD. With an outer ``topology`` (NoLoCo) the round-r outer step of worker i uses its
-    neighbours': Δ̄_i = Σ_j w_ij Δ_j, x̄_i = Σ_j w_ij x_outer,j (one gossip round of both),
-    M_i ← μ M_i + Δ̄_i, x_outer,i ← x_outer,i − lr (Δ̄_i + μ M_i) − γ (x_outer,i − x̄_i): W = 11ᵀ/n
-    (``complete``) is DiLoCo. Every worker keeps its own copy of x_outer and of the outer
+    neighbours': Δ̄_i = Σ_j w_ij Δ_j, x̄_i = Σ_j w_ij x_outer,j (one gossip round of both), and
+    NoLoCo's modified momentum takes the pull towards them into the outer gradient,
+    g_i = Δ̄_i + γ (x_outer,i − x̄_i), M_i ← μ M_i + g_i, x_outer,i ← x_outer,i − lr (g_i + μ M_i)
+    (the authors' code: the heavy-ball form of this with γ = 1; here DiLoCo's Nesterov, so that
+    W = 11ᵀ/n, ``complete``, is DiLoCo). Every worker keeps its own copy of x_outer and of the outer
     optimizer's state, and its inner optimizer's state across outer steps, as the DiLoCo paper
     does. ``shared_state`` (buffers) is averaged at each send of fragment 0.
     """
@@ -97,7 +99,7 @@ class DiLoCo(Schedule):
     delay: int = 0  # τ
     alpha: float = 0.0
     topology: Topology | None = None
-    gamma: float = 1.0  # NoLoCo's pull towards the neighbours' outer model
+    gamma: float = 1.0  # NoLoCo's pull towards the neighbours' outer model, in the outer gradient
     x_outer: torch.Tensor | None = None
 
     def start(self, engine, X: torch.Tensor) -> None:
@@ -139,9 +141,8 @@ class DiLoCo(Schedule):
         d = X.shape[1]
         both = torch.cat([self.x_outer - X, self.x_outer], dim=1)
         engine.gossip_(both, self.topology.mixing((t + 1) // self.local_steps - 1))
-        pull = (self.x_outer - both[:, d:]).mul_(self.gamma)
-        self.outers[0].step(self.x_outer, both[:, :d])
-        self.x_outer.sub_(pull)
+        gradient = both[:, :d].add_(self.x_outer - both[:, d:], alpha=self.gamma)
+        self.outers[0].step(self.x_outer, gradient)
 
     def state_dict(self) -> dict:
         rows = {"x_outer": self.x_outer}
@@ -170,7 +171,7 @@ class DiLoCoOptions:
     fragment_delay: int = 0  # τ: inner steps between sending a fragment and applying its outer update
     fragment_alpha: float = 0.0  # α: x_i ← α x_i + (1 − α) x_outer when it is applied
     outer_topology: str = "none"  # NoLoCo: the outer step averages with neighbours on this topology
-    outer_gamma: float = 1.0  # NoLoCo: γ, the pull towards the neighbours' outer model
+    outer_gamma: float = 1.0  # NoLoCo: γ, the pull towards the neighbours' outer model (1: the authors' code)
 
     def validate(self, cfg) -> None:
         positive_ints(self, "local_steps", "fragments")
