@@ -14,9 +14,10 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
@@ -88,7 +89,9 @@ class Progress:
     """What the loop carries from step to step besides the run's state."""
 
     grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
-    sim_seconds: float = 0.0  # simulated time (with a network): compute + communication
+    sim_seconds: float = 0.0  # simulated time (with a network): the slowest worker's clock
+    worker_seconds: list[float] = field(default_factory=list)  # each worker's clock ([]: all at sim_seconds)
+    worker_idle_seconds: list[float] = field(default_factory=list)  # each worker's waits ([]: none)
     sim_seconds_comm: float = 0.0  # ... of which communication not hidden by compute
     steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
     sim_seconds_to_target: float | None = None
@@ -420,9 +423,13 @@ def _advance_clocks(run: Run, state: Progress, t: int) -> None:
     """Add step t to the simulated time (the operators the engine counted in it, evaluation
     included) and to the communication time the engine measured."""
     if run.clock is not None:
-        step, comm = run.clock.tick(run.engine.comm.take(), run.schedule.averages_gradients(t), run.engine.m)
-        state.sim_seconds += step
-        state.sim_seconds_comm += comm
+        n = run.cfg.workers
+        clocks = np.array(state.worker_seconds) if state.worker_seconds else np.full(n, state.sim_seconds)
+        idle = np.array(state.worker_idle_seconds) if state.worker_idle_seconds else np.zeros(n)
+        state.sim_seconds_comm += run.clock.tick(clocks, idle, t, run.engine.comm.take(),
+                                                 run.schedule.averages_gradients(t), run.engine.m)
+        state.sim_seconds = float(clocks.max())
+        state.worker_seconds, state.worker_idle_seconds = clocks.tolist(), idle.tolist()
     if run.engine.timed:
         algorithm, metrics = run.engine.take_comm_seconds()
         state.comm_seconds += algorithm
@@ -433,7 +440,8 @@ def _time_summary(run: Run, state: Progress) -> dict:
     """summary.json's time keys: none without a network section or a target."""
     cfg, out = run.cfg, {}
     if run.clock is not None:
-        out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm)
+        out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm,
+                   sim_seconds_idle_fraction=idle_fraction(state))
     if _has_target(cfg):
         out["steps_to_target"] = state.steps_to_target
         if run.clock is not None:
@@ -441,6 +449,15 @@ def _time_summary(run: Run, state: Progress) -> dict:
     if run.engine.timed:
         out.update(comm_seconds=state.comm_seconds, comm_metrics_seconds=state.comm_metrics_seconds)
     return out
+
+
+def idle_fraction(state: Progress) -> float:
+    """The mean over workers of the fraction of ``sim_seconds`` spent waiting: in operators, and
+    after its last step for the slowest worker."""
+    if not state.sim_seconds:
+        return 0.0
+    waits = np.array(state.worker_idle_seconds) + state.sim_seconds - np.array(state.worker_seconds)
+    return float(waits.mean() / state.sim_seconds)
 
 
 def _batch_seed(seed: int, t: int) -> int:
