@@ -36,6 +36,10 @@ FEATURES = {
     "hierarchical-average-optimizer-state": ["algorithm=hierarchical", "block_size=2", "local_steps=1",
                                              "momentum=0.9", "average_optimizer_state=true"],
     "sgp-directed-edges": ["algorithm=sgp", f"topology=edges:{DIRECTED}"],
+    "gossip-stragglers": ["algorithm=gossip", "topology=ring", "network=ethernet-10g", "compute_ms=1",
+                          "slow_workers=0.25@3", "compute_jitter=lognormal:0.5"],
+    "ad-psgd-stragglers": ["algorithm=ad-psgd", "network=ethernet-10g", "compute_ms=1", "slow_workers=0.25@3",
+                           "compute_jitter=lognormal:0.5", "weight_decay=0.01"],
     "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
                        "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }
@@ -109,7 +113,12 @@ def representatives() -> dict[str, list[str]]:
 
 # the dist engine's parity launches, compared with engine=sim: on 2 processes (2 workers each)
 # every registered algorithm × codec and the FEATURES, on 4 (one worker each) a subset
-DIST_CASES = {2: all_cases(optimizers=False), 4: representatives()}
+def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The cases engine dist runs (ad-psgd is the simulator's only)."""
+    return {name: o for name, o in cases.items() if _valid([*o, "engine=dist"])}
+
+
+DIST_CASES = {2: on_dist(all_cases(optimizers=False)), 4: on_dist(representatives())}
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"

@@ -68,7 +68,7 @@ import torch
 from .data.partition import steps_per_epoch
 from .engines.stats import BYTES_PER_VALUE, METRICS, Event
 from .registry import ConfigError
-from .rng import generator
+from .rng import generator, host_generator
 
 BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
 HORIZON_ROOM = 1e3  # a run's simulated time must stay finite with this much more communication per step
@@ -174,6 +174,11 @@ class NetworkConfig:
     @property
     def intra_link(self) -> Link:
         return Link.of(self.intra_node_bandwidth, self.intra_node_latency) if self.workers_per_node > 1 else self.link
+
+    def pair_seconds(self, i: int, j: int, nbytes: float) -> float:
+        """α + b/β of one message between workers i and j (on their node's link if they share one)."""
+        w = self.workers_per_node
+        return (self.intra_link if i // w == j // w else self.link).message(nbytes)
 
     def seconds(self, event: Event) -> float:
         """The time of one operator on this network (the formulas of the module docstring)."""
@@ -311,7 +316,7 @@ class Speeds:
         """s_i·ε_i(t) of worker i's step (or gradient) t."""
         if self.sigma is None:
             return float(self.slow[i])
-        z = torch.randn(1, generator=generator(self.seed, JITTER_STREAM, t, i), dtype=torch.float64).item()
+        z = host_generator(self.seed, JITTER_STREAM, t, i).standard_normal()
         return float(self.slow[i] * math.exp(self.sigma * z - self.sigma**2 / 2))
 
     def factors(self, t: int) -> np.ndarray:
@@ -364,9 +369,8 @@ class Clock:
         operators are ``events``; ``workers``: those whose compute :meth:`timed` measured.
         Returns the step's communication not hidden by compute (at speed 1)."""
         c, net = self.compute(workers), self.network
-        priced = [(e, net.seconds(e)) for e in events if e.level != METRICS or net.count_metrics]
-        algorithm = [(e, cost) for e, cost in priced if e.level != METRICS]
-        metrics = [(e, cost) for e, cost in priced if e.level == METRICS]
+        algorithm = [(e, net.seconds(e)) for e in events if e.level != METRICS]
+        metrics = self.measurement(events)
         compute = c * self.speeds.factors(t)
         comm = sum(cost for _, cost in algorithm)
         hidden = min(comm, BACKWARD_SHARE * c) if net.overlap and averages_gradients else 0.0
@@ -377,6 +381,12 @@ class Clock:
             now = _operate(clocks + compute, algorithm, idle)
         clocks[:] = _operate(now, metrics, idle)
         return comm - hidden + sum(cost for _, cost in metrics)
+
+
+    def measurement(self, events: list[Event]) -> list[tuple[Event, float]]:
+        """The measurement operators among ``events``, each with its time (none unless they count)."""
+        net = self.network
+        return [(e, net.seconds(e)) for e in events if e.level == METRICS and net.count_metrics]
 
 
 def _operate(clocks: np.ndarray, priced: list[tuple[Event, float]], idle: np.ndarray | None = None) -> np.ndarray:

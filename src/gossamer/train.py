@@ -23,11 +23,13 @@ from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
 
 from .algorithms import Context, Schedule, begin_step, build_schedule
+from .algorithms.asynchronous import ADPSGD, Timing
 from .checkpoint import capture, restore
 from .config import Config, ConfigError
 from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
 from .engines import Engine, build_engine
+from .engines.stats import BYTES_PER_VALUE
 from .models import Footprint, build_model, footprint, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
@@ -322,11 +324,21 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     """One step of every worker on its batch (x [m, b, ...], y [m, b, ...]). Returns the step's
     metric row when ``measure`` (else only what the schedule reports)."""
     w, e = run.workers, run.engine
-    timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
-    losses = timed(w.loss_and_grad, x, y)
-    step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema, measure)
-    timed(run.optimizer.step, w.X, w.G, lr)
-    metrics = run.schedule.after_step(e, w.X, step)
+    if isinstance(run.schedule, ADPSGD):
+        progress.sim_seconds_comm += run.schedule.advance(e, w.X, lr, run.optimizer.step,
+                                                          lambda *args: _gradients_at(run, *args), _timing(run))
+        losses = run.schedule.losses
+        w.G.copy_(run.schedule.grads)  # each worker's latest gradient, for φ²
+        step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema,
+                                                     measure, average=False)
+        metrics = {}
+    else:
+        timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
+        losses = timed(w.loss_and_grad, x, y)
+        step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema,
+                                                     measure)
+        timed(run.optimizer.step, w.X, w.G, lr)
+        metrics = run.schedule.after_step(e, w.X, step)
     if not measure:
         return metrics
     loss = e.mean_scalar(losses)
@@ -337,6 +349,29 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
             "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
             "bytes_per_worker": e.comm.bytes_per_worker,
             "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **metrics}
+
+
+def _gradients_at(run: Run, stale: torch.Tensor, counts: np.ndarray, call: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """AD-PSGD's batched gradients: each worker's loss and gradient at its row of ``stale`` on its
+    ``counts[i]``-th batch (batch s of epoch e for count e·S + s), augmented with the call's seed."""
+    w, S = run.workers, run.steps_per_epoch
+    epochs = {int(e): epoch_indices(run, int(e)) for e in set(counts // S)}
+    idx = torch.stack([epochs[int(k // S)][int(k % S), i] for i, k in enumerate(counts)])
+    x, y = run.data.train_batch(idx, run.engine.rows, seed=_batch_seed(run.cfg.seed, call))
+    current = w.X.clone()
+    w.X.copy_(stale)
+    losses = w.loss_and_grad(x, y)
+    w.X.copy_(current)
+    return losses, w.G
+
+
+def _timing(run: Run) -> Timing:
+    """AD-PSGD's event times on the run's clock (unit compute, free messages without a network)."""
+    clock = run.clock
+    if clock is None:
+        return Timing()
+    nbytes = run.workers.d * BYTES_PER_VALUE
+    return Timing(clock.step_seconds, clock.speeds.factor, lambda i, j: clock.network.pair_seconds(i, j, nbytes))
 
 
 def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = lambda row: None,
@@ -422,7 +457,13 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
 def _advance_clocks(run: Run, state: Progress, t: int) -> None:
     """Add step t to the simulated time (the operators the engine counted in it, evaluation
     included) and to the communication time the engine measured."""
-    if run.clock is not None:
+    if run.clock is not None and isinstance(run.schedule, ADPSGD):  # it never waits; measurement pauses all
+        pause = sum(cost for _, cost in run.clock.measurement(run.engine.comm.take()))
+        run.schedule.pause(pause)
+        state.sim_seconds_comm += pause
+        state.sim_seconds = run.schedule.now
+        state.worker_seconds, state.worker_idle_seconds = [state.sim_seconds] * run.cfg.workers, [0.0] * run.cfg.workers
+    elif run.clock is not None:
         n = run.cfg.workers
         clocks = np.array(state.worker_seconds) if state.worker_seconds else np.full(n, state.sim_seconds)
         idle = np.array(state.worker_idle_seconds) if state.worker_idle_seconds else np.zeros(n)

@@ -8,10 +8,11 @@ config, the summary and the hooks use.
 - :mod:`.local`: ``allreduce``, ``local``, ``post-local``, ``hierarchical`` (Lin et al.);
 - :mod:`.gossip`: ``gossip`` — D-SGD by phase, consensus control, quasi-global momentum (Kong et al.);
 - :mod:`.peer`: ``choco``, ``sgp``, ``gradient-tracking``;
-- :mod:`.diloco`: ``diloco``.
+- :mod:`.diloco`: ``diloco``;
+- :mod:`.asynchronous`: ``ad-psgd`` (Lian et al.), event-driven on the per-worker clocks.
 """
 
-from . import diloco, gossip, local, peer  # noqa: F401  (each registers its algorithms)
+from . import asynchronous, diloco, gossip, local, peer  # noqa: F401  (each registers its algorithms)
 from .schedule import ALGORITHMS, Context, Phases, Schedule, Step, begin_step, build_schedule
 
 __all__ = ["ALGORITHMS", "Context", "Phases", "Schedule", "Step", "begin_step", "build_schedule"]
