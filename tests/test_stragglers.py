@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
-from conftest import small_config, train_rows
+from conftest import train_rows
 
 from gossamer.engines.stats import Event
 from gossamer.network import Clock, NetworkConfig, Speeds
 from gossamer.topology import build_topology
 from gossamer.cli import main
-from gossamer.train import Interrupted, build_run, train
 
 NET = ["network.bandwidth=1", "network.latency=50", "network.count_metrics=false"]  # 1 Gbit/s, 50 µs
 A1, B1 = 50e-6, 1e9 / 8
@@ -83,21 +80,6 @@ def test_stragglers_are_deterministic_and_only_change_time():
     assert [{k: v for k, v in r.items() if k != "sim_seconds"} for r in first] == \
         [{k: v for k, v in r.items() if k != "sim_seconds"} for r in rows]
     assert a["sim_seconds"] > 2 * summary["steps"] * 1e-3 and 0 < a["sim_seconds_idle_fraction"] < 1
-
-
-def test_a_straggler_run_resumes_bit_for_bit():
-    cfg = small_config("algorithm=gossip", "epochs=1", *NET, "compute_ms=1", "slow_workers=0.25@3",
-                       "compute_jitter=lognormal:0.5")
-    straight_rows, resumed_rows, states = [], [], []
-    straight = train(cfg, build_run(cfg), on_row=straight_rows.append)
-    with pytest.raises(Interrupted):
-        train(cfg, build_run(cfg), on_row=resumed_rows.append, on_checkpoint=states.append,
-              stop=lambda: len(resumed_rows) == 5)
-    resumed = train(cfg, build_run(cfg), on_row=resumed_rows.append, resume=states[-1])
-    assert resumed_rows == straight_rows
-    assert {k: v for k, v in resumed.items() if k != "wall_seconds"} == \
-        {k: v for k, v in straight.items() if k != "wall_seconds"}
-    assert len(states[-1]["progress"]["worker_seconds"]) == 4 and math.isfinite(straight["sim_seconds"])
 
 
 @pytest.mark.parametrize("overrides, fragment", [
