@@ -351,16 +351,18 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
             "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **metrics}
 
 
-def _gradients_at(run: Run, stale: torch.Tensor, counts: np.ndarray, call: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """AD-PSGD's batched gradients: each worker's loss and gradient at its row of ``stale`` on its
-    ``counts[i]``-th batch (batch s of epoch e for count e·S + s), augmented with the call's seed."""
+def _gradients_at(run: Run, stale: torch.Tensor, counts: np.ndarray, call: int,
+                  rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """AD-PSGD's batched gradients: the loss and gradient of each worker of ``rows`` at its row of
+    ``stale`` on its ``counts[i]``-th batch (batch s of epoch e for count e·S + s), augmented with
+    the call's seed."""
     w, S = run.workers, run.steps_per_epoch
     epochs = {int(e): epoch_indices(run, int(e)) for e in set(counts // S)}
     idx = torch.stack([epochs[int(k // S)][int(k % S), i] for i, k in enumerate(counts)])
     x, y = run.data.train_batch(idx, run.engine.rows, seed=_batch_seed(run.cfg.seed, call))
     current = w.X.clone()
     w.X.copy_(stale)
-    losses = w.loss_and_grad(x, y)
+    losses = w.loss_and_grad(x, y, rows)
     w.X.copy_(current)
     return losses, w.G
 

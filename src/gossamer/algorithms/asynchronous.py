@@ -36,8 +36,9 @@ from .gossip import GraphOptions, build_graph
 from .schedule import ALGORITHMS, Context, Schedule
 
 NEIGHBOUR_STREAM = 18  # the key that sets the neighbour draws of (seed, k, i) apart
-# (x̂ [n, d], each worker's batch count [n], the call's number) → (losses [n], gradients [n, d])
-Gradients = Callable[[torch.Tensor, np.ndarray, int], tuple[torch.Tensor, torch.Tensor]]
+# (x̂ [n, d], each worker's batch count [n], the call's number, the workers whose gradients are
+# needed) → (losses [n], gradients [n, d]; rows of the other workers undefined)
+Gradients = Callable[[torch.Tensor, np.ndarray, int, list[int]], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -112,8 +113,9 @@ class ADPSGD(Schedule):
 
     def _compute(self, X: torch.Tensor, gradients: Gradients) -> None:
         """Every gradient not yet computed, in one batched call at its x̂."""
-        waiting = torch.tensor([i for i, r in enumerate(self.ready) if not r], device=X.device)
-        losses, grads = gradients(self.stale, np.array(self.count), self.calls)
+        rows = [i for i, r in enumerate(self.ready) if not r]
+        waiting = torch.tensor(rows, device=X.device)
+        losses, grads = gradients(self.stale, np.array(self.count), self.calls, rows)
         self.calls += 1
         self.grads.index_copy_(0, waiting, grads.index_select(0, waiting))
         self.losses.index_copy_(0, waiting, losses.index_select(0, waiting))
