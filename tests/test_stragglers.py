@@ -99,3 +99,14 @@ def test_bad_straggler_options_are_one_line(tmp_path, capsys, overrides, fragmen
     code = main([*argv, *(a for o in ["workers=4", *overrides] for a in ("--set", o))])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and fragment in err, err
+
+
+def test_on_real_processes_the_slow_workers_process_sleeps_for_its_extra_compute(monkeypatch):
+    naps = []
+    monkeypatch.setattr("gossamer.network.time.sleep", naps.append)
+    net = NetworkConfig(bandwidth=1.0, latency=50.0)
+    slow = np.array([1.0, 3.0, 1.0, 1.0])
+    Clock(net, 0.2, Speeds(slow, None, 0), sleeps=True).straggle(0, range(0, 2))  # the process of workers 0 and 1
+    Clock(net, 0.2, Speeds(slow, None, 0), sleeps=True).straggle(0, range(2, 4))
+    Clock(net, 0.2, Speeds(slow, None, 0)).straggle(0, range(0, 2))  # the simulator never sleeps
+    assert naps == [pytest.approx(0.4, rel=1e-12)]

@@ -344,6 +344,7 @@ class Clock:
     step_seconds: float | None
     speeds: Speeds
     sync: Callable[[], None] = lambda: None  # waits for the device (measured compute on a GPU)
+    sleeps: bool = False  # real processes (engine dist): sleep for the modelled extra compute
     _measured: float = field(default=0.0, init=False, repr=False)  # this step's, until tick()
 
     def timed(self, fn: Callable, *args):
@@ -356,6 +357,16 @@ class Clock:
         self.sync()
         self._measured += time.perf_counter() - start
         return out
+
+    def straggle(self, t: int, rows: range) -> None:
+        """On real processes (``sleeps``), after step t's compute: sleep for the extra time the
+        model gives the slowest of this process's workers, max(0, s_i·ε_i(t) − 1)·c (a worker
+        faster than c cannot be made faster)."""
+        if self.sleeps:
+            c = self.step_seconds if self.step_seconds is not None else self._measured / len(rows)
+            extra = max(self.speeds.factor(t, i) for i in rows) - 1
+            if extra > 0:
+                time.sleep(extra * c)
 
     def compute(self, workers: int) -> float:
         """c: one worker's compute per step at speed 1 (``workers``: those :meth:`timed` measured)."""
@@ -418,7 +429,7 @@ def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -
     speeds = Speeds.of(cfg)
     cfg.network.check_finite(nbytes, cfg.workers, (step or 0.0) * speeds.slow.max(), steps)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    return Clock(cfg.network, step, speeds, sync)
+    return Clock(cfg.network, step, speeds, sync, sleeps=cfg.engine == "dist")
 
 
 def _short(value) -> str:

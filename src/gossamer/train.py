@@ -335,6 +335,8 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     else:
         timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
         losses = timed(w.loss_and_grad, x, y)
+        if run.clock is not None:
+            run.clock.straggle(t, e.rows)  # engine dist: the slow workers' processes sleep
         step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema,
                                                      measure)
         timed(run.optimizer.step, w.X, w.G, lr)
