@@ -101,6 +101,7 @@ def test_the_same_seed_gives_the_same_rows():
     (["optimizer=adam"], "algorithm ad-psgd applies each gradient on its worker's clock with optimizer sgd"),
     (["network=nvlink"], "algorithm ad-psgd orders its events by the simulated clock: give compute_ms"),
     ([f"topology=edges:{DIRECTED}"], "algorithm ad-psgd needs an undirected one"),
+    (["average_optimizer_state=true"], "algorithm ad-psgd averages only the parameters of a pair"),
 ])
 def test_bad_ad_psgd_options_are_one_line(tmp_path, capsys, overrides, fragment):
     argv = ["train", "--quiet", "--out", str(tmp_path / "never")]

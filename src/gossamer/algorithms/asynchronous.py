@@ -148,6 +148,9 @@ class ADPSGDOptions(GraphOptions):
         if cfg.optimizer != "sgd":
             raise ConfigError(f"algorithm ad-psgd applies each gradient on its worker's clock with optimizer sgd; "
                               f"{cfg.optimizer} counts its steps in lock step")
+        if cfg.average_optimizer_state:
+            raise ConfigError("algorithm ad-psgd averages only the parameters of a pair: use "
+                              "average_optimizer_state: false")
         if cfg.network is not None and (cfg.compute_ms is None or cfg.compute_ms == "measured"):
             raise ConfigError("algorithm ad-psgd orders its events by the simulated clock: give compute_ms in "
                               "milliseconds or as flops:TFLOPS, not measured")
