@@ -1,13 +1,16 @@
 """The time model against a real bandwidth-limited network (docs/benchmarks.md).
 
-    sudo python benchmarks/network.py [--rates 100mbit,1gbit] [--repeat 2] [--json FILE]
+    sudo python benchmarks/network.py [--rates 100mbit,1gbit] [--repeat 2] [--json FILE] [--only CASE,...]
 
 Four gloo processes (``engine: dist``, one worker each) train a 1.01 M-parameter MLP on random
 data inside a network namespace whose loopback is rate-limited with ``tc`` (a token bucket,
 ``tbf``), for all-reduce SGD, local SGD with H = 8, ring gossip and one-peer exponential gossip.
 Each run reports the communication time the dist engine measured (``comm_seconds``: wall time
 in the algorithm's collectives) and the time the α–β model predicts for the same operators
-(``sim_seconds_comm``, measurement traffic left out on both sides).
+(``sim_seconds_comm``, measurement traffic left out on both sides). In the straggler cases one
+process sleeps for its modelled extra compute, and rank 0's measured time in its collectives
+includes its waits for it: the model's counterpart is the communication plus worker 0's waits
+(``sim_seconds_comm`` + its idle time on the per-worker clocks).
 
 All four processes share the one loopback queue of rate R, and in every operator here all
 workers send at once, so the model's per-worker link is β = R / 4. The latency α is calibrated
@@ -40,6 +43,9 @@ CASES = {
     "local SGD H=8": (["algorithm=local", "local_steps=8"], 16),
     "ring gossip": (["algorithm=gossip", "topology=ring"], 8),
     "one-peer-exp gossip": (["algorithm=gossip", "topology=one-peer-exponential"], 8),
+    # one slow process of four (worker 1, drawn from seed 0) at 3×: it sleeps 2 × 200 ms a step
+    "all-reduce 1 slow of 4 (3×)": (["algorithm=allreduce", "compute_ms=200", "slow_workers=0.25@3"], 8),
+    "ring gossip 1 slow of 4 (3×)": (["algorithm=gossip", "topology=ring", "compute_ms=200", "slow_workers=0.25@3"], 8),
 }  # name: (overrides, steps)
 BATCH = 4
 
@@ -67,9 +73,10 @@ def worker(spec_file: str) -> None:
     n_train = spec["steps"] * P * BATCH
     data = Dataset(torch.randn(n_train, 1, spec["inputs"], generator=g), torch.randint(0, 10, (n_train,), generator=g),
                    torch.randn(8, 1, spec["inputs"], generator=g), torch.randint(0, 10, (8,), generator=g), 10)
-    run = build_run(cfg, data=data)
-    summary = train(cfg, run)
+    run, states = build_run(cfg, data=data), []
+    summary = train(cfg, run, on_checkpoint=states.append)
     if run.engine.is_root:
+        summary["root_idle_seconds"] = states[-1]["progress"]["worker_idle_seconds"][0]
         Path(spec["out"]).write_text(json.dumps(summary))
     run.engine.close()
 
@@ -177,7 +184,7 @@ def calibrate(ns: Namespace, timeout: float) -> float:
     return summary["comm_seconds"] / steps / (2 * (P - 1)) * 1e6
 
 
-def measure(rates: list[str], repeat: int, timeout: float, log=print) -> dict:
+def measure(rates: list[str], repeat: int, timeout: float, names: list[str], log=print) -> dict:
     results = {"rates": {}, "repeat": repeat, "processes": P}
     with Namespace() as ns:
         alphas = [calibrate(ns, timeout) for _ in range(repeat)]
@@ -188,13 +195,14 @@ def measure(rates: list[str], repeat: int, timeout: float, log=print) -> dict:
             ns.limit(rate)
             beta_gbit = parse_rate(rate) / P / 1e9
             rows = {}
-            for name, (case, steps) in CASES.items():
+            for name in names:
+                case, steps = CASES[name]
                 spec = {"overrides": overrides(case, steps, beta_gbit, alpha), "steps": steps, "inputs": INPUTS}
                 runs = []
                 for _ in range(repeat):
                     started = time.perf_counter()
                     s = ns.run(spec, timeout)
-                    runs.append({"model": s["sim_seconds_comm"], "measured": s["comm_seconds"],
+                    runs.append({"model": s["sim_seconds_comm"] + s["root_idle_seconds"], "measured": s["comm_seconds"],
                                  "parameters": s["parameters"], "wall": time.perf_counter() - started})
                     log(f"{rate:>8} {name:<22} model {runs[-1]['model']:8.3f} s   measured {runs[-1]['measured']:8.3f} s")
                 rows[name] = runs
@@ -222,6 +230,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=2, help="runs per case (medians reported)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     p.add_argument("--json", help="also write the raw figures here")
+    p.add_argument("--only", help="the cases to run, comma-separated names (default: all)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -230,7 +239,12 @@ def main() -> int:
     why = unavailable()
     if why is None:
         try:
-            results = measure(args.rates.split(","), args.repeat, args.timeout)
+            names = args.only.split(",") if args.only else list(CASES)
+            unknown = [n for n in names if n not in CASES]
+            if unknown:
+                print(f"--only: unknown case {unknown[0]!r}; choose from: {', '.join(CASES)}", file=sys.stderr)
+                return 2
+            results = measure(args.rates.split(","), args.repeat, args.timeout, names)
         except OSError as e:
             why = str(e)
     if why is not None:

@@ -1,6 +1,6 @@
 """Simulator benchmarks (docs/benchmarks.md): ratios measured side by side in one process.
 
-    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5] [--json FILE] [--threads T] [--device D]
+    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5,6] [--json FILE] [--threads T] [--device D]
 
 1. the simulator vs one process per worker (``gossamer train`` vs torchrun + ``engine=dist``),
    whole-process wall time including start-up (CPU processes, whatever ``--device``);
@@ -10,7 +10,9 @@
 3. gossip + Ξ² per step as a share of the step time at n = 64;
 4. what ``auto`` picks against the faster backend of benchmark 2;
 5. peak memory of ResNet-20 training at n = 64 vs n × (params + grads + momentum) + the
-   activations the backend must hold, and the largest n that fits (extrapolated).
+   activations the backend must hold, and the largest n that fits (extrapolated);
+6. AD-PSGD's event-driven simulation against synchronous D-SGD on a ring (the 1-D CNN, n = 32):
+   samples per second, with equal speeds and with stragglers.
 
 ``--device cuda`` runs benchmarks 2-5 on the GPU (timings synchronise the device; memory is
 ``torch.cuda.max_memory_allocated``) and checks that a step whose metrics are not due makes no
@@ -106,6 +108,7 @@ def sim_step(run: Run, measure: bool = False):
     """One training step of every worker (gradients, local Nesterov SGD and the schedule)."""
     x, y = _batch(run.cfg.model, run.cfg.workers, run.cfg.batch_size)
     progress, t = Progress(), [0]
+    run.schedule.start(run.engine, run.workers.X)
 
     def step():
         train_step(run, progress, x, y, t[0], 0.01, measure)
@@ -225,6 +228,27 @@ def bench_comm(quick: bool) -> list[dict]:
 
 
 # -- 5. memory and scale ---------------------------------------------------------------------------
+
+ASYNC_CASES = {"D-SGD (gossip), ring": ("algorithm=gossip", "topology=ring"),
+               "AD-PSGD, ring, equal speeds": ("algorithm=ad-psgd", "topology=ring"),
+               "AD-PSGD, ring, 10 % at 4×, jitter σ = 0.5": (
+                   "algorithm=ad-psgd", "topology=ring", "network=ethernet-10g", "compute_ms=5",
+                   "slow_workers=0.1@4", "compute_jitter=lognormal:0.5")}
+
+
+def bench_async(quick: bool) -> list[dict]:
+    """Samples per second (n·b per step: n gradient evaluations) of each of ASYNC_CASES."""
+    n, b = (16 if quick else 32), 16
+    steps = {name: sim_step(build("cnn1d", n, b, algorithm=overrides)) for name, overrides in ASYNC_CASES.items()}
+    seconds = _median_interleaved(steps, reps=5 if quick else 20, warmup=2)
+    base = seconds[next(iter(ASYNC_CASES))]
+    rows = [{"case": name, "workers": n, "batch": b, "step_ms": 1e3 * s, "samples_per_second": n * b / s,
+             "vs_dsgd": base / s, "gradient_calls": steps[name].run.schedule.calls
+             if hasattr(steps[name].run.schedule, "calls") else None} for name, s in seconds.items()]
+    for r in rows:
+        _log(r)
+    return rows
+
 
 def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -380,13 +404,22 @@ def report(res: dict) -> str:
                 f"{m['kept_bytes'] / 2**30:.1f} GiB kept for the system, the interpreter, torch and the data. "
                 f"**Largest n (extrapolated): ≈ {m['n_max']}**, at "
                 f"≈ {m['n_max_step_seconds'] / 60:.0f} min per step on this machine (step time linear in n).", ""]
+    if "async" in res:
+        out += ["## 6. AD-PSGD's events against synchronous D-SGD", "",
+                "The 1-D CNN, b = 16, a ring; a step is n gradient evaluations in both. Target: AD-PSGD ≥ 0.5× "
+                "the samples per second of D-SGD at n = 32.", "",
+                "| case | n | step | samples/s | vs D-SGD | batched gradient calls |", "|---|---|---|---|---|---|"]
+        out += [f"| {r['case']} | {r['workers']} | {r['step_ms']:.1f} ms | {r['samples_per_second']:,.0f} | "
+                f"{r['vs_dsgd']:.2f} | {r['gradient_calls'] if r['gradient_calls'] is not None else '—'} |"
+                for r in res["async"]]
+        out.append("")
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/simulator.py", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller cases, fewer repetitions (~2 min)")
-    ap.add_argument("--only", default="1,2,3,4,5", help="comma-separated benchmark numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated benchmark numbers")
     ap.add_argument("--json", type=Path, help="also save the raw figures here")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice). On a machine "
                     "whose cores other processes also use, 1 avoids OpenMP threads waiting on descheduled peers")
@@ -415,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
             res["host_syncs"] = host_syncs_in_a_step()
     if 3 in only:
         res["comm"] = bench_comm(a.quick)
+    if 6 in only:
+        res["async"] = bench_async(a.quick)
     if 5 in only and _can_probe_memory():
         res["memory"] = bench_memory(a.quick)
     elif 5 in only:

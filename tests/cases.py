@@ -41,6 +41,10 @@ FEATURES = {
     "diloco-streaming": ["algorithm=diloco", "local_steps=4", "fragments=2", "fragment_delay=1", "fragment_alpha=0.5",
                          "compression=ef-top-k:0.1+quant:2"],
     "noloco": ["algorithm=diloco", "local_steps=2", "outer_topology=one-peer-exponential", "outer_gamma=0.5"],
+    "gossip-stragglers": ["algorithm=gossip", "topology=ring", "network=ethernet-10g", "compute_ms=1",
+                          "slow_workers=0.25@3", "compute_jitter=lognormal:0.5"],
+    "ad-psgd-stragglers": ["algorithm=ad-psgd", "network=ethernet-10g", "compute_ms=1", "slow_workers=0.25@3",
+                           "compute_jitter=lognormal:0.5", "weight_decay=0.01"],
     "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
                        "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }
@@ -119,10 +123,17 @@ def representatives(first_codec: int = 0, features: tuple[str, ...] = ("gossip-r
     return {**chosen, **{name: FEATURES[name] for name in features}}
 
 
-# the dist engine's parity launches, compared with engine=sim, each a representative subset (every
-# algorithm, the codecs in turn): on 2 processes (2 workers each) from the middle of the codec list
-# and with every FEATURE, on 4 (one worker each) from its start
-DIST_CASES = {2: representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES)), 4: representatives()}
+# the dist engine's parity launches, compared with engine=sim, each a representative subset of the
+# cases engine dist runs (every algorithm but the simulator's own, the codecs in turn): on 2
+# processes (2 workers each) from the middle of the codec list and with every FEATURE, on 4 (one
+# worker each) from its start
+def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
+    """The cases engine dist runs (ad-psgd is the simulator's only)."""
+    return {name: o for name, o in cases.items() if _valid([*o, "engine=dist"])}
+
+
+DIST_CASES = {2: on_dist(representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES))),
+              4: on_dist(representatives())}
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"

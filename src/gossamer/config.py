@@ -30,7 +30,7 @@ from .algorithms import ALGORITHMS
 from .data import DATASETS
 from .engines import ENGINES
 from .models import MODELS
-from .network import NetworkConfig, check_compute
+from .network import NetworkConfig, check_compute, parse_jitter, parse_slow_workers
 from .optim import OPTIMIZERS
 from .registry import ConfigError, Registry, positive_ints, short
 from .workers import GRAD_BACKENDS
@@ -93,6 +93,8 @@ class Config:
     # time (gossamer.network): none of it without a network section
     network: NetworkConfig | None = field(default=None, metadata={"section": NetworkConfig})
     compute_ms: float | str | None = None  # one worker's step: measured (the default), ms, or flops:TFLOPS
+    slow_workers: str | None = None  # F@X: a fraction F of the workers (drawn from the seed) computes X times slower
+    compute_jitter: str | None = None  # lognormal:S: every worker's step × a log-normal factor (σ = S, mean 1)
     target_accuracy: float | None = None  # summary: steps (and simulated seconds) to this test accuracy
     target_loss: float | None = None  # ... or to this test loss (language models)
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
@@ -167,9 +169,16 @@ class Config:
         if self.network is not None:
             self.network.validate(self)
             check_compute(self.compute_ms if self.compute_ms is not None else "measured")
-        elif self.compute_ms is not None:
-            raise ConfigError("compute_ms applies only with a network section (network: PRESET or network.bandwidth "
-                              "and network.latency): it is the compute time of the simulated clock")
+        else:
+            for key in ("compute_ms", "slow_workers", "compute_jitter"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"{key} applies only with a network section (network: PRESET or "
+                                      f"network.bandwidth and network.latency): it sets the compute time of the "
+                                      f"simulated clock")
+        if self.slow_workers is not None:
+            parse_slow_workers(self.slow_workers)
+        if self.compute_jitter is not None:
+            parse_jitter(self.compute_jitter)
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
             raise ConfigError(f"target_accuracy must be in (0, 1], got {self.target_accuracy}")
         if self.target_loss is not None and not self.target_loss > 0:

@@ -33,6 +33,23 @@ traffic (x̄, Ξ², scalar means, control's probes) costs time unless ``count_me
 c is ``compute_ms``: ``measured`` (the simulator's own compute time per step divided by the
 workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's forward and
 backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOPS·10¹²).
+
+**Per-worker clocks.** Worker i has its own clock T_i and computes c_i(t) = c·s_i·ε_i(t): s_i = X
+for the ⌈F·n⌉ workers that ``slow_workers: F@X`` draws once from the seed (else 1), ε_i(t) a
+log-normal factor of mean 1, exp(σz − σ²/2) with z ~ N(0, 1) drawn from (seed, t, i), with
+``compute_jitter: lognormal:σ`` (else 1). An operator waits only for the workers it needs, then
+costs its time τ (the formulas above) on each of them:
+
+- an all-reduce, all-gather or block mean of group g:  T_i ← max_{j∈g} T_j + τ;
+- a gossip round W:  T_i ← max_{j : W_ij ≠ 0} T_j + τ (i's in-neighbours and itself);
+- a local step: nobody.
+
+With ``overlap``, the gradient all-reduce starts at the backward's start, T_i + c_i/3, and a
+worker's step ends at max(T_i + c_i, the all-reduce's end). Measurement traffic is priced after
+the step's operators. ``sim_seconds`` is max_i T_i; a worker is idle while it waits in an
+operator and after its last step until the slowest ends: ``sim_seconds_idle_fraction`` is the
+mean over workers of its idle time over ``sim_seconds``. With equal speeds every clock is the
+same and the step costs c plus its operators, as above.
 """
 
 from __future__ import annotations
@@ -51,6 +68,7 @@ import torch
 from .data.partition import steps_per_epoch
 from .engines.stats import BYTES_PER_VALUE, METRICS, Event
 from .registry import ConfigError, short
+from .rng import generator, host_generator
 
 BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
 HORIZON_ROOM = 1e3  # a run's simulated time must stay finite with this much more communication per step
@@ -157,6 +175,11 @@ class NetworkConfig:
     def intra_link(self) -> Link:
         return Link.of(self.intra_node_bandwidth, self.intra_node_latency) if self.workers_per_node > 1 else self.link
 
+    def pair_seconds(self, i: int, j: int, nbytes: float) -> float:
+        """α + b/β of one message between workers i and j (on their node's link if they share one)."""
+        w = self.workers_per_node
+        return (self.intra_link if i // w == j // w else self.link).message(nbytes)
+
     def seconds(self, event: Event) -> float:
         """The time of one operator on this network (the formulas of the module docstring)."""
         inter, intra, w = self.link, self.intra_link, self.workers_per_node
@@ -242,15 +265,86 @@ def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss) -
     return float(counter.get_total_flops())
 
 
+SLOW, JITTER = "F@X", "lognormal:"
+JITTER_STREAM = 21  # the key that sets the jitter draws of (seed, t, i) apart from the other streams
+MAX_SIGMA = 10.0  # exp(σz) stays finite in float64 for any z torch.randn draws
+
+
+def parse_slow_workers(value: str) -> tuple[float, float]:
+    """``slow_workers: F@X`` → (F, X): F ∈ (0, 1] of the workers compute X ≥ 1 times slower."""
+    try:
+        fraction, factor = (float(v) for v in str(value).split("@"))
+    except ValueError:
+        fraction = factor = math.nan
+    if not (0 < fraction <= 1 and 1 <= factor < math.inf):
+        raise ConfigError(f"slow_workers must be F@X with a fraction F in (0, 1] of the workers and a slowdown "
+                          f"X in [1, inf), e.g. 0.1@4; got '{short(value)}'")
+    return fraction, factor
+
+
+def parse_jitter(value: str) -> float:
+    """``compute_jitter: lognormal:σ`` → σ ∈ (0, MAX_SIGMA]."""
+    text = str(value)
+    try:
+        sigma = float(text[len(JITTER):]) if text.startswith(JITTER) else math.nan
+    except ValueError:
+        sigma = math.nan
+    if not 0 < sigma <= MAX_SIGMA:
+        raise ConfigError(f"compute_jitter must be lognormal:S with a log-normal σ = S in (0, {MAX_SIGMA:g}], "
+                          f"e.g. lognormal:0.5; got '{short(value)}'")
+    return sigma
+
+
+@dataclass(frozen=True)
+class Speeds:
+    """Each worker's compute time relative to ``compute_ms``: s_i·ε_i(t) (module docstring)."""
+
+    slow: np.ndarray  # s_i [n]
+    sigma: float | None  # σ of ε_i(t); None: ε = 1
+    seed: int
+
+    @classmethod
+    def of(cls, cfg) -> Speeds:
+        slow = np.ones(cfg.workers)
+        if cfg.slow_workers is not None:
+            fraction, factor = parse_slow_workers(cfg.slow_workers)
+            chosen = torch.randperm(cfg.workers, generator=generator(cfg.seed, JITTER_STREAM))
+            slow[chosen[: math.ceil(fraction * cfg.workers - 1e-9)].numpy()] = factor
+        return cls(slow, parse_jitter(cfg.compute_jitter) if cfg.compute_jitter is not None else None, cfg.seed)
+
+    def factor(self, t: int, i: int) -> float:
+        """s_i·ε_i(t) of worker i's step (or gradient) t."""
+        if self.sigma is None:
+            return float(self.slow[i])
+        z = host_generator(self.seed, JITTER_STREAM, t, i).standard_normal()
+        return float(self.slow[i] * math.exp(self.sigma * z - self.sigma**2 / 2))
+
+    def factors(self, t: int) -> np.ndarray:
+        """[n] factors of step t."""
+        return self.slow if self.sigma is None else np.array([self.factor(t, i) for i in range(len(self.slow))])
+
+
+def wait(clocks: np.ndarray, event: Event) -> np.ndarray:
+    """When each worker can start ``event``: the latest clock of the workers it waits for."""
+    if event.op == "gossip":
+        senders = event.mixing.plan(("in-neighbours",), lambda: np.where(event.mixing.weight != 0, event.mixing.index,
+                                                                           np.arange(event.mixing.n)))
+        return clocks[senders].max(0)
+    return np.repeat(clocks.reshape(-1, event.group).max(1), event.group)
+
+
 @dataclass
 class Clock:
-    """The simulated time of a run: each step's compute, then its communication on ``network``.
+    """The simulated time of a run: each worker's compute, then the communication on ``network``,
+    on per-worker clocks (module docstring).
 
-    ``step_seconds``: one worker's compute per step (None: measured by :meth:`timed`)."""
+    ``step_seconds``: one worker's compute per step at speed 1 (None: measured by :meth:`timed`)."""
 
     network: NetworkConfig
     step_seconds: float | None
+    speeds: Speeds
     sync: Callable[[], None] = lambda: None  # waits for the device (measured compute on a GPU)
+    sleeps: bool = False  # real processes (engine dist): sleep for the modelled extra compute
     _measured: float = field(default=0.0, init=False, repr=False)  # this step's, until tick()
 
     def timed(self, fn: Callable, *args):
@@ -264,17 +358,57 @@ class Clock:
         self._measured += time.perf_counter() - start
         return out
 
-    def tick(self, events: list[Event], averages_gradients: bool, workers: int) -> tuple[float, float]:
-        """(seconds of the step, of which communication not hidden by compute): ``events`` are
-        the step's operators, ``workers`` the workers whose compute :meth:`timed` measured."""
-        compute = self.step_seconds if self.step_seconds is not None else self._measured / workers
+    def straggle(self, t: int, rows: range) -> None:
+        """On real processes (``sleeps``), after step t's compute: sleep for the extra time the
+        model gives the slowest of this process's workers, max(0, s_i·ε_i(t) − 1)·c (a worker
+        faster than c cannot be made faster)."""
+        if self.sleeps:
+            c = self.step_seconds if self.step_seconds is not None else self._measured / len(rows)
+            extra = max(self.speeds.factor(t, i) for i in rows) - 1
+            if extra > 0:
+                time.sleep(extra * c)
+
+    def compute(self, workers: int) -> float:
+        """c: one worker's compute per step at speed 1 (``workers``: those :meth:`timed` measured)."""
+        c = self.step_seconds if self.step_seconds is not None else self._measured / workers
         self._measured = 0.0
+        return c
+
+    def tick(self, clocks: np.ndarray, idle: np.ndarray, t: int, events: list[Event], averages_gradients: bool,
+             workers: int) -> float:
+        """Advance the per-worker ``clocks`` and ``idle`` times (in place) by step t, whose
+        operators are ``events``; ``workers``: those whose compute :meth:`timed` measured.
+        Returns the step's communication not hidden by compute (at speed 1)."""
+        c, net = self.compute(workers), self.network
+        algorithm = [(e, net.seconds(e)) for e in events if e.level != METRICS]
+        metrics = self.measurement(events)
+        compute = c * self.speeds.factors(t)
+        comm = sum(cost for _, cost in algorithm)
+        hidden = min(comm, BACKWARD_SHARE * c) if net.overlap and averages_gradients else 0.0
+        if hidden:  # the all-reduce starts with the backward pass
+            now = np.maximum(clocks + compute, _operate(clocks + compute / 3, algorithm))
+            idle += now - clocks - np.maximum(compute, compute / 3 + comm)
+        else:
+            now = _operate(clocks + compute, algorithm, idle)
+        clocks[:] = _operate(now, metrics, idle)
+        return comm - hidden + sum(cost for _, cost in metrics)
+
+
+    def measurement(self, events: list[Event]) -> list[tuple[Event, float]]:
+        """The measurement operators among ``events``, each with its time (none unless they count)."""
         net = self.network
-        algorithm = sum(net.seconds(e) for e in events if e.level != METRICS)
-        metrics = sum(net.seconds(e) for e in events if e.level == METRICS) if net.count_metrics else 0.0
-        hidden = min(algorithm, BACKWARD_SHARE * compute) if net.overlap and averages_gradients else 0.0
-        comm = algorithm - hidden + metrics
-        return compute + comm, comm
+        return [(e, net.seconds(e)) for e in events if e.level == METRICS and net.count_metrics]
+
+
+def _operate(clocks: np.ndarray, priced: list[tuple[Event, float]], idle: np.ndarray | None = None) -> np.ndarray:
+    """The clocks after the operators ``priced`` (each with its time τ), one after the other;
+    each worker's waits added to ``idle``."""
+    for event, cost in priced:
+        start = wait(clocks, event)
+        if idle is not None:
+            idle += start - clocks
+        clocks = start + cost
+    return clocks
 
 
 def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -> Clock | None:
@@ -292,8 +426,9 @@ def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -
         step = value / 1000
     steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
     nbytes = sum(p.numel() for p in model.parameters()) * BYTES_PER_VALUE
-    cfg.network.check_finite(nbytes, cfg.workers, step or 0.0, steps)
+    speeds = Speeds.of(cfg)
+    cfg.network.check_finite(nbytes, cfg.workers, (step or 0.0) * speeds.slow.max(), steps)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    return Clock(cfg.network, step, sync)
+    return Clock(cfg.network, step, speeds, sync, sleeps=cfg.engine == "dist")
 
 

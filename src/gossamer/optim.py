@@ -32,14 +32,15 @@ class SGD:
         self.momentum, self.nesterov, self.decay = momentum, nesterov, decay
         self.rows = {"momentum": torch.zeros_like(X)} if momentum else {}
 
-    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float) -> None:
-        """Update X in place; G is used as scratch."""
+    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float, rows: slice = slice(None)) -> None:
+        """Update X in place; G is used as scratch. ``rows``: the workers X and G hold (all;
+        AD-PSGD steps one worker at a time)."""
         if self.decay is not None:
             G.addcmul_(X, self.decay)
         if not self.momentum:
             X.add_(G, alpha=-lr)
             return
-        M = self.rows["momentum"]
+        M = self.rows["momentum"][rows]
         M.mul_(self.momentum).add_(G)
         if self.nesterov:
             X.add_(G.add_(M, alpha=self.momentum), alpha=-lr)

@@ -18,7 +18,8 @@ for GPUs). The estimated work is printed before anything trains.
 Suites: ``ring-scaling`` and ``consensus-phases`` (Kong et al.; the latter also compares consensus
 control from the local estimate with control from the exact Ξ), ``decentralized-adam``,
 ``heterogeneous`` (non-i.i.d. data: D-SGD, quasi-global momentum, gradient tracking, CHOCO-SGD
-and All-Reduce).
+and All-Reduce), ``stragglers`` (slow and jittery workers: synchronous schedules and AD-PSGD on
+per-worker clocks).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Callable
 import torch
 
 from .config import Config, ConfigError, load_config
-from .report import plot_consensus, plot_runs, plot_tradeoff, read_rows, read_summary, test_metrics
+from .report import axis_table, plot_consensus, plot_runs, plot_tradeoff, read_rows, read_summary, test_metrics
 from .train import reached_target
 
 SCALES = ("cpu", "paper")
@@ -277,10 +278,61 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
     return suite
 
 
+STRAGGLER_NETWORK = "ethernet-10g"
+SPEEDS = {"equal speeds": [], "10% at 4x": ["slow_workers=0.1@4"], "jitter lognormal 0.5": ["compute_jitter=lognormal:0.5"]}
+
+
+def stragglers(scale: str, quick: bool) -> Suite:
+    """Slow and uneven workers (issue 21): All-Reduce, local SGD (H = 4), D-SGD on a ring and on
+    the one-peer exponential graph, and AD-PSGD (Lian et al. 2018) on a ring, at n = 16 on
+    ``STRAGGLER_NETWORK`` with a step of ``compute_ms`` = 1 ms, each with equal speeds, 10 % of
+    the workers 4× slower, and log-normal jitter σ = 0.5. Measurement is free. CPU scale only."""
+    if scale == "paper":
+        raise ConfigError("repro stragglers runs at --scale cpu only (it has no paper configuration)")
+    n, epochs = (4, 1) if quick else (16, 20)
+    base = [*_base(quick, epochs), "eval_every=1", f"network={STRAGGLER_NETWORK}", "compute_ms=1",
+            "network.count_metrics=false", f"target_accuracy={0.1 if quick else 0.55}"]
+    algorithms = {"All-Reduce": ["algorithm=allreduce"], "local H=4": ["algorithm=local", "local_steps=4"],
+                  "D-SGD ring": ["algorithm=gossip", "topology=ring"],
+                  "D-SGD one-peer-exp": ["algorithm=gossip", "topology=one-peer-exponential"],
+                  "AD-PSGD ring": ["algorithm=ad-psgd", "topology=ring"]}
+    suite = Suite(f"stragglers: slow and uneven workers (n = {n}, {STRAGGLER_NETWORK})", base)
+    suite.variants = [Variant(f"{name}, {speed}", [*overrides, *slow], n)
+                      for speed, slow in SPEEDS.items() for name, overrides in algorithms.items()]
+    suite.report = lambda suite, configs, out, seeds: _straggler_report(list(algorithms), configs, out, seeds)
+    return suite
+
+
+def _straggler_report(algorithms: list[str], configs: dict, out: Path, seeds: int) -> str:
+    """Per speed setting: a table over seeds (test accuracy, simulated seconds to the target and in
+    total, idle fraction, final Ξ²), the accuracy at equal simulated time (seed 0:
+    :func:`gossamer.report.axis_table`) and a plot of accuracy against simulated time."""
+    head = ["variant", "test acc", "s to target", "s total", "idle", "final Ξ²"]
+    lines = [f"Simulated seconds: compute {next(iter(configs.values())).compute_ms} ms a step (× each worker's "
+             f"factor) plus the α–β time of every operator, on per-worker clocks.", ""]
+    for speed in SPEEDS:
+        names = [f"{name}, {speed}" for name in algorithms]
+        lines += [f"## {speed}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for name in names:
+            runs = [read_summary(r) for r in _runs(name, out, seeds)]
+            lines.append("| " + " | ".join([
+                name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
+                _to_target(_at_target(_runs(name, out, seeds), configs[name]), "sim_seconds", "{:.3f}"),
+                _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
+                _mean_std([100 * s["sim_seconds_idle_fraction"] for s in runs], "{:.0f} %"),
+                _mean_std([s["final_consensus_distance_sq"] for s in runs], "{:.2e}")]) + " |")
+        seed0 = {name: out / f"{_slug(name)}-seed0" for name in names}
+        file = f"{_slug(speed)}.png"
+        plot_runs(seed0, "time", None, out / file, title=speed)
+        lines += ["", "Seed 0 at equal simulated time:", "", axis_table(seed0, "time"), "",
+                  f"![test accuracy against simulated time]({file})", ""]
+    return "\n".join(lines) + "\n"
+
+
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
                                                    "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
                                                    "time-to-accuracy": time_to_accuracy,
-                                                   "heterogeneous": heterogeneous}
+                                                   "heterogeneous": heterogeneous, "stragglers": stragglers}
 
 
 def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:

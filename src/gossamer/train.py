@@ -14,19 +14,22 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, NamedTuple
 
+import numpy as np
 import torch
 from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
 
 from .algorithms import Context, Schedule, begin_step, build_schedule
+from .algorithms.asynchronous import ADPSGD, Timing
 from .checkpoint import capture, restore
 from .config import Config, ConfigError
 from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
 from .engines import Engine, build_engine
+from .engines.stats import BYTES_PER_VALUE
 from .models import Footprint, build_model, footprint, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
@@ -88,7 +91,9 @@ class Progress:
     """What the loop carries from step to step besides the run's state."""
 
     grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
-    sim_seconds: float = 0.0  # simulated time (with a network): compute + communication
+    sim_seconds: float = 0.0  # simulated time (with a network): the slowest worker's clock
+    worker_seconds: list[float] = field(default_factory=list)  # each worker's clock ([]: all at sim_seconds)
+    worker_idle_seconds: list[float] = field(default_factory=list)  # each worker's waits ([]: none)
     sim_seconds_comm: float = 0.0  # ... of which communication not hidden by compute
     steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
     sim_seconds_to_target: float | None = None
@@ -316,11 +321,23 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
     """One step of every worker on its batch (x [m, b, ...], y [m, b, ...]). Returns the step's
     metric row when ``measure`` (else only what the schedule reports)."""
     w, e = run.workers, run.engine
-    timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
-    losses = timed(w.loss_and_grad, x, y)
-    step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema, measure)
-    timed(run.optimizer.step, w.X, w.G, lr)
-    metrics = run.schedule.after_step(e, w.X, step)
+    if isinstance(run.schedule, ADPSGD):
+        progress.sim_seconds_comm += run.schedule.advance(e, w.X, lr, run.optimizer.step,
+                                                          lambda *args: _gradients_at(run, *args), _timing(run))
+        losses = run.schedule.losses
+        w.G.copy_(run.schedule.grads)  # each worker's latest gradient, for φ²
+        step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema,
+                                                     measure, average=False)
+        metrics = {}
+    else:
+        timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
+        losses = timed(w.loss_and_grad, x, y)
+        if run.clock is not None:
+            run.clock.straggle(t, e.rows)  # engine dist: the slow workers' processes sleep
+        step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema,
+                                                     measure)
+        timed(run.optimizer.step, w.X, w.G, lr)
+        metrics = run.schedule.after_step(e, w.X, step)
     if not measure:
         return metrics
     loss = e.mean_scalar(losses)
@@ -331,6 +348,31 @@ def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t
             "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
             "bytes_per_worker": e.comm.bytes_per_worker,
             "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **metrics}
+
+
+def _gradients_at(run: Run, stale: torch.Tensor, counts: np.ndarray, call: int,
+                  rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """AD-PSGD's batched gradients: the loss and gradient of each worker of ``rows`` at its row of
+    ``stale`` on its ``counts[i]``-th batch (batch s of epoch e for count e·S + s), augmented with
+    the call's seed."""
+    w, S = run.workers, run.steps_per_epoch
+    epochs = {int(e): epoch_indices(run, int(e)) for e in set(counts // S)}
+    idx = torch.stack([epochs[int(k // S)][int(k % S), i] for i, k in enumerate(counts)])
+    x, y = run.data.train_batch(idx, run.engine.rows, seed=_batch_seed(run.cfg.seed, call))
+    current = w.X.clone()
+    w.X.copy_(stale)
+    losses = w.loss_and_grad(x, y, rows)
+    w.X.copy_(current)
+    return losses, w.G
+
+
+def _timing(run: Run) -> Timing:
+    """AD-PSGD's event times on the run's clock (unit compute, free messages without a network)."""
+    clock = run.clock
+    if clock is None:
+        return Timing()
+    nbytes = run.workers.d * BYTES_PER_VALUE
+    return Timing(clock.step_seconds, clock.speeds.factor, lambda i, j: clock.network.pair_seconds(i, j, nbytes))
 
 
 def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = lambda row: None,
@@ -416,10 +458,20 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
 def _advance_clocks(run: Run, state: Progress, t: int) -> None:
     """Add step t to the simulated time (the operators the engine counted in it, evaluation
     included) and to the communication time the engine measured."""
-    if run.clock is not None:
-        step, comm = run.clock.tick(run.engine.comm.take(), run.schedule.averages_gradients(t), run.engine.m)
-        state.sim_seconds += step
-        state.sim_seconds_comm += comm
+    if run.clock is not None and isinstance(run.schedule, ADPSGD):  # it never waits; measurement pauses all
+        pause = sum(cost for _, cost in run.clock.measurement(run.engine.comm.take()))
+        run.schedule.pause(pause)
+        state.sim_seconds_comm += pause
+        state.sim_seconds = run.schedule.now
+        state.worker_seconds, state.worker_idle_seconds = [state.sim_seconds] * run.cfg.workers, [0.0] * run.cfg.workers
+    elif run.clock is not None:
+        n = run.cfg.workers
+        clocks = np.array(state.worker_seconds) if state.worker_seconds else np.full(n, state.sim_seconds)
+        idle = np.array(state.worker_idle_seconds) if state.worker_idle_seconds else np.zeros(n)
+        state.sim_seconds_comm += run.clock.tick(clocks, idle, t, run.engine.comm.take(),
+                                                 run.schedule.averages_gradients(t), run.engine.m)
+        state.sim_seconds = float(clocks.max())
+        state.worker_seconds, state.worker_idle_seconds = clocks.tolist(), idle.tolist()
     if run.engine.timed:
         algorithm, metrics = run.engine.take_comm_seconds()
         state.comm_seconds += algorithm
@@ -430,7 +482,8 @@ def _time_summary(run: Run, state: Progress) -> dict:
     """summary.json's time keys: none without a network section or a target."""
     cfg, out = run.cfg, {}
     if run.clock is not None:
-        out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm)
+        out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm,
+                   sim_seconds_idle_fraction=idle_fraction(state))
     if _has_target(cfg):
         out["steps_to_target"] = state.steps_to_target
         if run.clock is not None:
@@ -438,6 +491,15 @@ def _time_summary(run: Run, state: Progress) -> dict:
     if run.engine.timed:
         out.update(comm_seconds=state.comm_seconds, comm_metrics_seconds=state.comm_metrics_seconds)
     return out
+
+
+def idle_fraction(state: Progress) -> float:
+    """The mean over workers of the fraction of ``sim_seconds`` spent waiting: in operators, and
+    after its last step for the slowest worker."""
+    if not state.sim_seconds:
+        return 0.0
+    waits = np.array(state.worker_idle_seconds) + state.sim_seconds - np.array(state.worker_seconds)
+    return float(waits.mean() / state.sim_seconds)
 
 
 def _batch_seed(seed: int, t: int) -> int:

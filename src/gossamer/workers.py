@@ -137,15 +137,18 @@ class WorkerMatrix:
         bind_row(model, self.buffer_slots, self.B[i], parameter=False)
         return model
 
-    def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss_and_grad(self, x: torch.Tensor, y: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
         """The loss of each worker on its batch (x [m, b, ...], y [m, b, ...]); gradients land in G.
+        ``rows``: the workers whose gradients are needed (the loop backend computes only theirs,
+        vmap all; the other rows of G and of the losses are then undefined).
 
         Returns the per-worker losses [m]."""
         if self.backend == "vmap":
             return self._loss_and_grad_vmap(x, y)
         self.G.zero_()  # backward accumulates into the .grad views
         losses = torch.empty(self.m, dtype=self.X.dtype, device=self.X.device)
-        for i, model in enumerate(self.replicas):
+        for i in range(self.m) if rows is None else rows:
+            model = self.replicas[i]
             loss = self.loss(model(x[i]), y[i])
             loss.backward()  # frees worker i's activations before worker i + 1 runs
             losses[i] = loss.detach()

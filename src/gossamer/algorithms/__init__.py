@@ -10,10 +10,11 @@ config, the summary and the hooks use.
 - :mod:`.peer`: ``choco``, ``sgp``, ``gradient-tracking``;
 - :mod:`.diloco`: ``diloco`` (compressed, streaming, NoLoCo's outer topology);
 - :mod:`.sparta`: ``sparta``;
-- :mod:`.demo`: ``decoupled-momentum`` (DeMo).
+- :mod:`.demo`: ``decoupled-momentum`` (DeMo);
+- :mod:`.asynchronous`: ``ad-psgd`` (Lian et al.), event-driven on the per-worker clocks.
 """
 
-from . import demo, diloco, gossip, local, peer, sparta  # noqa: F401  (each registers its algorithms)
+from . import asynchronous, demo, diloco, gossip, local, peer, sparta  # noqa: F401  (each registers its algorithms)
 from .schedule import ALGORITHMS, Context, Phases, Schedule, Step, begin_step, build_schedule
 
 __all__ = ["ALGORITHMS", "Context", "Phases", "Schedule", "Step", "begin_step", "build_schedule"]

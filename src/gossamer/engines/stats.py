@@ -99,6 +99,11 @@ class CommStats:
         peers = mixing.messages_per_worker
         self._add(Event("gossip", mixing.n, nbytes, "gossip", mixing), peers, peers * nbytes)
 
+    def pairwise(self, d: int) -> None:
+        """A step of AD-PSGD, n pairwise averages of d values among n workers, counted as one
+        round: each pair exchanges its two models, 2 messages per worker on average."""
+        self._add(Event("pairwise", 2, d * BYTES_PER_VALUE, "gossip"), 2, 2 * d * BYTES_PER_VALUE)
+
     def summary(self) -> dict:
         """The counts as summary.json keys."""
         return {"comm_rounds": self.rounds, "messages_per_worker": self.messages_per_worker,

@@ -1,0 +1,116 @@
+"""AD-PSGD (Lian et al., ICML 2018): the event-driven simulation against the paper's update."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from cases import DIRECTED
+from conftest import small_config
+
+from gossamer.algorithms.asynchronous import ADPSGD, NEIGHBOUR_STREAM, Timing
+from gossamer.cli import main
+from gossamer.engines.sim import SimEngine
+from gossamer.network import Speeds
+from gossamer.rng import host_generator
+from gossamer.topology import build_topology
+from gossamer.train import build_run, epoch_indices, lr_at, train
+from gossamer.workers import WorkerMatrix
+
+STRAGGLERS = ["algorithm=ad-psgd", "topology=ring", "workers=6", "epochs=1", "network=ethernet-10g", "compute_ms=1",
+              "network.count_metrics=false", "slow_workers=0.2@3", "compute_jitter=lognormal:0.5", "model=mlp",
+              "grad_backend=loop", "metrics_every=100"]
+
+
+def reference(cfg, run) -> tuple[torch.Tensor, float]:
+    """(X, the last event's time) of the paper's Algorithm 1, one event at a time in float64: worker
+    i's k-th gradient at the model it read when it began, then x_i, x_j ← (x_i + x_j)/2 with a
+    neighbour j drawn from (seed, k, i), then x_i ← x_i − η g_i; events in (time, worker) order."""
+    n, S = cfg.workers, run.steps_per_epoch
+    one = WorkerMatrix(copy.deepcopy(run.workers.template), 1, backend="loop", loss=run.task.loss)
+    X = run.workers.X.clone()
+    mixing = build_topology(cfg.topology, n).mixing(0)
+    peers = [sorted({int(j) for j, w in zip(mixing.index[:, i], mixing.weight[:, i]) if w and j != i})
+             for i in range(n)]
+    speeds, c = Speeds.of(cfg), cfg.compute_ms / 1000
+    tau = cfg.network.link.message(X.shape[1] * 4)
+    finish, count, read = [c * speeds.factor(0, i) for i in range(n)], [0] * n, X.clone()
+    now = 0.0
+    for event in range(cfg.epochs * S * n):
+        i = min(range(n), key=lambda w: (finish[w], w))
+        now, k = finish[i], count[i]
+        idx = epoch_indices(run, k // S)[k % S, i]
+        one.X[0] = read[i]
+        one.loss_and_grad(run.data.x_train[idx][None], run.data.y_train[idx][None])
+        j = peers[i][host_generator(cfg.seed, NEIGHBOUR_STREAM, k, i).integers(len(peers[i]))]
+        X[i] = X[j] = (X[i] + X[j]) / 2
+        X[i] -= lr_at(cfg, event // n, S) * one.G[0]
+        count[i] += 1
+        read[i] = X[i]
+        finish[i] = now + tau + c * speeds.factor(count[i], i)
+    return X, now
+
+
+def test_the_simulation_is_the_papers_update_event_by_event():
+    cfg = small_config(*STRAGGLERS)
+    expected, last = reference(cfg, build_run(cfg))
+    run = build_run(cfg)
+    summary = train(cfg, run)
+    assert run.schedule.calls < cfg.epochs * run.steps_per_epoch * cfg.workers  # gradients were batched
+    torch.testing.assert_close(run.workers.X, expected, rtol=0, atol=1e-12)
+    assert summary["sim_seconds"] == pytest.approx(last, rel=1e-12)
+    assert summary["sim_seconds_idle_fraction"] == 0  # nobody waits
+
+
+def test_equal_speeds_batch_one_gradient_call_per_n_events():
+    cfg = small_config("algorithm=ad-psgd", "model=mlp", "grad_backend=loop", "epochs=1", "momentum=0.9")
+    run = build_run(cfg)
+    train(cfg, run)
+    assert run.schedule.calls == run.steps_per_epoch
+
+
+def test_pairwise_averages_keep_the_mean_of_the_models_on_the_complete_graph():
+    n, d = 8, 5
+    X = torch.randn(n, d, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    mean, spread = X.mean(0), (X - X.mean(0)).square().sum()
+    schedule = ADPSGD(build_topology("complete", n), seed=3)
+    schedule.start(SimEngine(n), X)
+    means = []
+
+    def record(x, g, lr, rows):  # after each event's pair average, instead of a gradient step
+        means.append(X.mean(0).clone())
+    schedule.advance(SimEngine(n), X, 0.1, record, lambda *args: (torch.zeros(n, dtype=X.dtype), torch.zeros_like(X)), Timing())
+    assert len(means) == n
+    for m in means:
+        torch.testing.assert_close(m, mean, rtol=0, atol=1e-15)
+    assert (X - X.mean(0)).square().sum() < spread
+
+
+def test_the_same_seed_gives_the_same_rows():
+    cfg = small_config(*STRAGGLERS, "metrics_every=1", "network.count_metrics=true")
+    first, again = [], []
+    train(cfg, build_run(cfg), on_row=first.append)
+    train(cfg, build_run(cfg), on_row=again.append)
+    assert first == again and first[-1]["sim_seconds"] > 0
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["engine=dist"], "algorithm ad-psgd runs only on engine sim"),
+    (["optimizer=adam"], "algorithm ad-psgd applies each gradient on its worker's clock with optimizer sgd"),
+    (["network=nvlink"], "algorithm ad-psgd orders its events by the simulated clock: give compute_ms"),
+    ([f"topology=edges:{DIRECTED}"], "algorithm ad-psgd needs an undirected one"),
+    (["average_optimizer_state=true"], "algorithm ad-psgd averages only the parameters of a pair"),
+])
+def test_bad_ad_psgd_options_are_one_line(tmp_path, capsys, overrides, fragment):
+    argv = ["train", "--quiet", "--out", str(tmp_path / "never")]
+    code = main([*argv, *(a for o in ["workers=4", "num_samples=1000", "algorithm=ad-psgd", *overrides] for a in ("--set", o))])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and fragment in err, err
+
+
+def test_neighbour_draws_are_uniform_over_the_ring():
+    schedule = ADPSGD(build_topology("ring", 5), seed=0)
+    draws = np.array([schedule.neighbour(2, k) for k in range(2000)])
+    assert set(draws) == {1, 3} and abs((draws == 1).mean() - 0.5) < 0.05
