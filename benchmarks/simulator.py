@@ -1,6 +1,6 @@
 """Simulator benchmarks (docs/benchmarks.md): ratios measured side by side in one process.
 
-    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5,6] [--json FILE] [--threads T] [--device D]
+    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5,6,7] [--json FILE] [--threads T] [--device D]
 
 1. the simulator vs one process per worker (``gossamer train`` vs torchrun + ``engine=dist``),
    whole-process wall time including start-up (CPU processes, whatever ``--device``);
@@ -12,7 +12,10 @@
 5. peak memory of ResNet-20 training at n = 64 vs n × (params + grads + momentum) + the
    activations the backend must hold, and the largest n that fits (extrapolated);
 6. AD-PSGD's event-driven simulation against synchronous D-SGD on a ring (the 1-D CNN, n = 32):
-   samples per second, with equal speeds and with stragglers.
+   samples per second, with equal speeds and with stragglers;
+7. thousands of workers (the MLP and the 1-D CNN at n = 256, 1,024, 4,096; gossip on a ring, b = 16,
+   4 steps an epoch, MNIST-1D's 1,000 test samples): step time, an evaluation's time with
+   ``eval_local: all`` and with ``eval_local: 16`` against an epoch's, and the resident memory.
 
 ``--device cuda`` runs benchmarks 2-5 on the GPU (timings synchronise the device; memory is
 ``torch.cuda.max_memory_allocated``) and checks that a step whose metrics are not due makes no
@@ -44,7 +47,7 @@ from gossamer.config import load_config
 from gossamer.data import Dataset
 from gossamer.models import build_model
 from gossamer.tasks import TASKS
-from gossamer.train import Progress, Run, build_run, train_step
+from gossamer.train import Progress, Run, build_run, evaluate, train_step
 from gossamer.workers import choose_backend
 
 # model name -> (input shape of one sample, per-worker batch b); the transformer's samples are
@@ -250,6 +253,33 @@ def bench_async(quick: bool) -> list[dict]:
     return rows
 
 
+def bench_scale(quick: bool) -> list[dict]:
+    """Benchmark 7: one epoch's steps against an evaluation of x̄ and the local models."""
+    rows, test = [], 1000
+    for name in ("mlp", "cnn1d"):
+        for n in ((256, 1024) if quick else (256, 1024, 4096)):
+            x, y = _batch(name, 4 * n, MODELS[name][1], seed=1)  # 4 steps an epoch
+            xt, yt = _batch(name, test, 1, seed=2)
+            data = Dataset(x.flatten(0, 1), y.flatten(0, 1), xt.flatten(0, 1), yt.flatten(0, 1), 10)
+            row = {"model": name, "workers": n}
+            for local in ("all", "16"):
+                cfg = load_config(None, [f"workers={n}", f"batch_size={MODELS[name][1]}", f"model={name}",
+                                         "algorithm=gossip", "topology=ring", "epochs=1", f"device={DEVICE.type}",
+                                         f"eval_local={local}"])
+                run = build_run(cfg, data=data)
+                step = sim_step(run)
+                seconds = _median_interleaved({"step": step}, reps=2 if quick else 3)["step"]
+                t = time.perf_counter()
+                evaluate(run, 0)
+                _sync()
+                row.update({"step_seconds": seconds, "epoch_seconds": run.steps_per_epoch * seconds,
+                            f"eval_{local}_seconds": time.perf_counter() - t})
+            row["rss_bytes"] = 1024 * _status_kib("VmRSS") if _can_probe_memory() else None
+            rows.append(row)
+            _log(row)
+    return rows
+
+
 def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -404,6 +434,18 @@ def report(res: dict) -> str:
                 f"{m['kept_bytes'] / 2**30:.1f} GiB kept for the system, the interpreter, torch and the data. "
                 f"**Largest n (extrapolated): ≈ {m['n_max']}**, at "
                 f"≈ {m['n_max_step_seconds'] / 60:.0f} min per step on this machine (step time linear in n).", ""]
+    if "scale" in res:
+        out += ["## 7. Thousands of workers", "",
+                "Gossip on a ring, b = 16, 4 steps an epoch, 1,000 test samples. An evaluation tests x̄ and the "
+                "local models (`eval_local`: all of them, or 16 drawn from the seed). Target: at n = 4,096 "
+                "(the 1-D CNN) an evaluation costs less than an epoch.", "",
+                "| model | n | step | epoch | eval, all local | eval, 16 local | eval 16 / epoch | resident memory |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [f"| {r['model']} | {r['workers']:,} | {r['step_seconds']:.2f} s | {r['epoch_seconds']:.1f} s | "
+                f"{r['eval_all_seconds']:.1f} s | {r['eval_16_seconds']:.2f} s | "
+                f"{r['eval_16_seconds'] / r['epoch_seconds']:.2f} | "
+                f"{_mib(r['rss_bytes']) if r['rss_bytes'] else '—'} |" for r in res["scale"]]
+        out.append("")
     if "async" in res:
         out += ["## 6. AD-PSGD's events against synchronous D-SGD", "",
                 "The 1-D CNN, b = 16, a ring; a step is n gradient evaluations in both. Target: AD-PSGD ≥ 0.5× "
@@ -419,7 +461,7 @@ def report(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/simulator.py", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller cases, fewer repetitions (~2 min)")
-    ap.add_argument("--only", default="1,2,3,4,5,6", help="comma-separated benchmark numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7", help="comma-separated benchmark numbers")
     ap.add_argument("--json", type=Path, help="also save the raw figures here")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice). On a machine "
                     "whose cores other processes also use, 1 avoids OpenMP threads waiting on descheduled peers")
@@ -450,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
         res["comm"] = bench_comm(a.quick)
     if 6 in only:
         res["async"] = bench_async(a.quick)
+    if 7 in only:
+        res["scale"] = bench_scale(a.quick)
     if 5 in only and _can_probe_memory():
         res["memory"] = bench_memory(a.quick)
     elif 5 in only:

@@ -23,7 +23,7 @@ SHORT = ["workers=4", "epochs=2", "batch_size=32", "num_samples=1000", "lr=0.05"
 
 # option variants beyond the entries' examples: (name, overrides)
 FEATURES = {
-    "gossip-ring": ["algorithm=gossip", "topology=ring"],
+    "gossip-ring": ["algorithm=gossip", "topology=ring", "eval_local=3"],
     "gossip-controlled-time": ["algorithm=gossip", "topology=ring", "consensus.target=constant", "consensus.value=0.01",
                                "network=ethernet-10g", "compute_ms=1"],
     "gossip-ring-mix-then-step": ["algorithm=gossip", "topology=ring", "gossip_form=mix-then-step", "local_steps=2"],

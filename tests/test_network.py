@@ -178,8 +178,9 @@ def test_overlap_leaves_model_averaging_after_the_step():
     assert summary["sim_seconds"] == pytest.approx(hidden + (summary["steps"] - 6) * 0.02 + 3 * comm, rel=1e-12)
 
 
-def test_measurement_costs_time_unless_declared_free():
-    _, paid, _ = train_rows("algorithm=gossip", "epochs=1", *NET, "compute_ms=1")
+def test_measurement_is_priced_apart_and_costs_time_only_when_counted():
+    _, free, _ = train_rows("algorithm=gossip", "epochs=1", *NET, "compute_ms=1")
+    _, paid, _ = train_rows("algorithm=gossip", "epochs=1", *NET, "compute_ms=1", "network.count_metrics=true")
     steps, d, n = paid["steps"], paid["parameters"], 4
     ring = 2 * (A1 + d * 4 / B1)  # 2 peers
     # every step: φ², the loss and Θ² (scalar all-gathers), Ξ² (an all-reduce of d and one); the
@@ -188,6 +189,9 @@ def test_measurement_costs_time_unless_declared_free():
     scalar, vector = (n - 1) * (A1 + 4 / B1), all_reduce_seconds(d)
     metrics = steps * (4 * scalar + vector) + (scalar + 3 * vector)
     assert paid["sim_seconds_comm"] == pytest.approx(steps * ring + metrics, rel=1e-12)
+    assert free["sim_seconds_comm"] == pytest.approx(steps * ring, rel=1e-12)
+    assert free["sim_seconds"] == pytest.approx(steps * (0.001 + ring), rel=1e-12)
+    assert free["sim_seconds_metrics"] == paid["sim_seconds_metrics"] == pytest.approx(metrics, rel=1e-12)
 
 
 def test_compute_from_flops_counts_forward_and_backward():

@@ -84,6 +84,8 @@ class Config:
     bn_eval: str | None = None
     seed: int = 0
     eval_every: int = 1  # epochs
+    # the local models evaluated for the *_local_mean metrics: all, none, or K drawn once from the seed
+    eval_local: int | str = "all"
     checkpoint_every: float = 1.0  # epochs (fractions allowed); and always at the last step
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
     logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
@@ -147,6 +149,10 @@ class Config:
                               f"got {short(self.milestones)}")
         if not self.checkpoint_every > 0:
             raise ConfigError(f"checkpoint_every must be > 0 epochs, got {self.checkpoint_every}")
+        if self.eval_local not in ("all", "none") and not (isinstance(self.eval_local, int)
+                                                          and 1 <= self.eval_local <= self.workers):
+            raise ConfigError(f"eval_local must be all, none or a number of workers in [1, workers={self.workers}], "
+                              f"got {short(self.eval_local)}")
         if not 0 < self.dirichlet_alpha <= 1e6:  # beyond 1e6 the split is i.i.d. (partition=iid); numpy's draw underflows
             raise ConfigError(f"dirichlet_alpha must be in (0, 1e6], got {self.dirichlet_alpha}")
         self._validate_time()
@@ -235,6 +241,8 @@ def _coerce(name: str, value: Any, annotation: str) -> Any:
         if not isinstance(value, bool):
             raise ConfigError(f"{name} must be true or false, got {short(value)}")
         return value
+    if annotation.startswith("int | str"):  # a count or a word (eval_local)
+        return value if isinstance(value, str) else _coerce(name, value, "int")
     if annotation.startswith("int"):
         if not _is_int(value):
             raise ConfigError(f"{name} must be an integer in [-2**63, 2**63), got {short(value)}")

@@ -29,7 +29,8 @@ engine counted: d float32 values, or the exact bytes of a codec's message.
 a step whose only communication is the gradient all-reduce (``Schedule.averages_gradients``)
 hides up to the backward pass's share of c, 2/3 (backward ≈ twice the forward's FLOPs), as
 DDP overlaps its bucketed all-reduce with backward: c + max(0, comm − 2c/3). Measurement
-traffic (x̄, Ξ², scalar means, control's probes) costs time unless ``count_metrics: false``.
+traffic (x̄, Ξ², scalar means, control's probes) is priced apart, as ``sim_seconds_metrics``, and
+costs training time only with ``count_metrics: true`` (a study of measurement's cost).
 c is ``compute_ms``: ``measured`` (the simulator's own compute time per step divided by the
 workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's forward and
 backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOPS·10¹²).
@@ -118,7 +119,7 @@ class NetworkConfig:
     intra_node_bandwidth: float | None = None  # Gbit/s between workers of a node (default: nvlink's)
     intra_node_latency: float | None = None  # µs (default: nvlink's)
     overlap: bool = False  # hide the gradient all-reduce behind the backward pass, as DDP does
-    count_metrics: bool = True  # measurement traffic (x̄, Ξ², scalar means, control's probes) costs time
+    count_metrics: bool = False  # true: measurement traffic (x̄, Ξ², scalar means, probes) costs time too
 
     def validate(self, cfg) -> None:
         """Check the values and fill in the preset's (so config.yaml holds the numbers used)."""
@@ -396,8 +397,12 @@ class Clock:
 
     def measurement(self, events: list[Event]) -> list[tuple[Event, float]]:
         """The measurement operators among ``events``, each with its time (none unless they count)."""
-        net = self.network
-        return [(e, net.seconds(e)) for e in events if e.level == METRICS and net.count_metrics]
+        return [(e, cost) for e, cost in self.measurement_seconds(events) if self.network.count_metrics]
+
+    def measurement_seconds(self, events: list[Event]) -> list[tuple[Event, float]]:
+        """The measurement operators among ``events``, each with the time it takes on the network
+        (whether or not it counts): ``sim_seconds_metrics`` sums them."""
+        return [(e, self.network.seconds(e)) for e in events if e.level == METRICS]
 
 
 def _operate(clocks: np.ndarray, priced: list[tuple[Event, float]], idle: np.ndarray | None = None) -> np.ndarray:

@@ -523,9 +523,9 @@ TEST_METRICS = [("test_accuracy", "test acc", "local acc", "{:.4f}"),
 
 
 def test_metrics(summaries) -> list[tuple[str, str, str, str]]:
-    """The entries of TEST_METRICS that every summary has, for x̄ and as the local mean (accuracy
-    for classifiers; loss and perplexity for language models)."""
-    return [m for m in TEST_METRICS if all(m[0] in s and m[0] + "_local_mean" in s for s in summaries)]
+    """The entries of TEST_METRICS that every summary has for x̄ (accuracy for classifiers; loss
+    and perplexity for language models); the local mean is shown where a run has it (eval_local)."""
+    return [m for m in TEST_METRICS if all(m[0] in s for s in summaries)]
 
 
 def comparison_table(runs: dict[str, dict]) -> str:
@@ -535,7 +535,8 @@ def comparison_table(runs: dict[str, dict]) -> str:
             "MB/worker"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, s in runs.items():
-        cells = [name, *[fmt.format(s[k + suffix]) for k, _, _, fmt in metrics for suffix in ("", "_local_mean")],
+        cells = [name, *[fmt.format(s[k + suffix]) if k + suffix in s else "—"
+                         for k, _, _, fmt in metrics for suffix in ("", "_local_mean")],
                  f"{s['final_consensus_distance_sq']:.3e}", f"{s['comm_rounds']:d}",
                  f"{s['bytes_per_worker'] / 1e6:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")

@@ -33,6 +33,7 @@ from .engines.stats import BYTES_PER_VALUE
 from .models import Footprint, build_model, footprint, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
+from .rng import generator
 from .sharpness import HVP_CHUNK, model_sharpness, training_subset
 from .sharpness import SAMPLES as SHARPNESS_SAMPLES
 from .tasks import TASKS, Task
@@ -95,6 +96,7 @@ class Progress:
     worker_seconds: list[float] = field(default_factory=list)  # each worker's clock ([]: all at sim_seconds)
     worker_idle_seconds: list[float] = field(default_factory=list)  # each worker's waits ([]: none)
     sim_seconds_comm: float = 0.0  # ... of which communication not hidden by compute
+    sim_seconds_metrics: float = 0.0  # the modelled time of the measurement traffic (in sim_seconds if counted)
     steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
     sim_seconds_to_target: float | None = None
     comm_seconds: float = 0.0  # measured by the engine (dist with a network): the algorithm's collectives
@@ -295,11 +297,22 @@ def averaged_model(run: Run, t: int) -> torch.nn.Module:
     return model
 
 
+EVAL_LOCAL_STREAM = 23  # the key that sets the draw of eval_local's workers apart from the other streams
+
+
+def local_eval_workers(cfg: Config) -> list[int]:
+    """The workers whose local models ``eval_local`` evaluates: all, none, or K drawn once from
+    the seed (the same K at every evaluation, on every engine)."""
+    if cfg.eval_local in ("all", "none"):
+        return list(range(cfg.workers)) if cfg.eval_local == "all" else []
+    return sorted(torch.randperm(cfg.workers, generator=generator(cfg.seed, EVAL_LOCAL_STREAM))[: cfg.eval_local].tolist())
+
+
 def evaluate(run: Run, t: int) -> dict[str, float]:
     """The task's test metrics of the averaged model x̄ (statistics per ``bn_eval``, see
-    :func:`averaged_model`), and their mean over the local models (``*_local_mean``, each with its
-    own statistics); with ``sharpness``, the top Hessian eigenvalue of the training loss at x̄ (with
-    the same statistics) before step t."""
+    :func:`averaged_model`), and their mean over the local models that ``eval_local`` names
+    (``*_local_mean``, each with its own statistics); with ``sharpness``, the top Hessian
+    eigenvalue of the training loss at x̄ (with the same statistics) before step t."""
     w, e, d, cfg = run.workers, run.engine, run.data, run.cfg
     model = averaged_model(run, t)
     metrics = run.task.evaluate(model, d.x_test, d.y_test)
@@ -308,9 +321,15 @@ def evaluate(run: Run, t: int) -> dict[str, float]:
         subset = training_subset(len(d.y_train), cfg.sharpness_samples, cfg.seed).to(d.y_train.device)
         sharpness = model_sharpness(w, x_bar, b_bar, d.x_train[subset], d.y_train[subset], cfg.sharpness_iterations,
                                     seed=_batch_seed(cfg.seed, t + 1))  # the start vector: by the steps done
-    local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in range(w.m)]
-    for key in list(metrics):
-        metrics[f"{key}_local_mean"] = e.mean_scalar(torch.tensor([m[key] for m in local], dtype=torch.float64))
+    chosen = local_eval_workers(cfg)
+    if chosen:
+        rows = [i - e.rows.start for i in chosen if i in e.rows]
+        # one model at a time: a vmapped forward of several was slower on CPU (docs/benchmarks.md)
+        local = [run.task.evaluate(w.model_at(w.X[i], w.B[i]), d.x_test, d.y_test) for i in rows]
+        for key in list(metrics):
+            values = torch.zeros(w.m, dtype=torch.float64)
+            values[rows] = torch.tensor([m[key] for m in local], dtype=torch.float64)
+            metrics[f"{key}_local_mean"] = e.mean_scalar(values, over=None if cfg.eval_local == "all" else chosen)
     if cfg.sharpness:
         metrics["sharpness"] = sharpness
     return metrics
@@ -458,8 +477,11 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
 def _advance_clocks(run: Run, state: Progress, t: int) -> None:
     """Add step t to the simulated time (the operators the engine counted in it, evaluation
     included) and to the communication time the engine measured."""
+    events = run.engine.comm.take()
+    if run.clock is not None:
+        state.sim_seconds_metrics += sum(cost for _, cost in run.clock.measurement_seconds(events))
     if run.clock is not None and isinstance(run.schedule, ADPSGD):  # it never waits; measurement pauses all
-        pause = sum(cost for _, cost in run.clock.measurement(run.engine.comm.take()))
+        pause = sum(cost for _, cost in run.clock.measurement(events))
         run.schedule.pause(pause)
         state.sim_seconds_comm += pause
         state.sim_seconds = run.schedule.now
@@ -468,7 +490,7 @@ def _advance_clocks(run: Run, state: Progress, t: int) -> None:
         n = run.cfg.workers
         clocks = np.array(state.worker_seconds) if state.worker_seconds else np.full(n, state.sim_seconds)
         idle = np.array(state.worker_idle_seconds) if state.worker_idle_seconds else np.zeros(n)
-        state.sim_seconds_comm += run.clock.tick(clocks, idle, t, run.engine.comm.take(),
+        state.sim_seconds_comm += run.clock.tick(clocks, idle, t, events,
                                                  run.schedule.averages_gradients(t), run.engine.m)
         state.sim_seconds = float(clocks.max())
         state.worker_seconds, state.worker_idle_seconds = clocks.tolist(), idle.tolist()
@@ -483,7 +505,7 @@ def _time_summary(run: Run, state: Progress) -> dict:
     cfg, out = run.cfg, {}
     if run.clock is not None:
         out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm,
-                   sim_seconds_idle_fraction=idle_fraction(state))
+                   sim_seconds_idle_fraction=idle_fraction(state), sim_seconds_metrics=state.sim_seconds_metrics)
     if _has_target(cfg):
         out["steps_to_target"] = state.steps_to_target
         if run.clock is not None:

@@ -22,7 +22,7 @@ once for every engine. Engines know nothing of algorithms, codecs or files.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -121,10 +121,12 @@ class Engine:
         self.comm.allreduce(X.shape[1], self.n, level=METRICS)
         return self._row_mean(X)
 
-    def mean_scalar(self, values: torch.Tensor) -> float:
-        """Mean over all n workers of a per-worker scalar (local values [m]), in worker order."""
+    def mean_scalar(self, values: torch.Tensor, over: Sequence[int] | None = None) -> float:
+        """Mean over all n workers (or the workers ``over``, global indices) of a per-worker scalar
+        (local values [m]; a worker outside ``over`` gives any value), in worker order."""
         self.comm.allgather(BYTES_PER_VALUE, self.n, level=METRICS)
-        return self._gather_scalars(values).mean().item()
+        gathered = self._gather_scalars(values)
+        return (gathered if over is None else gathered[list(over)]).mean().item()
 
     def consensus_distance_sq(self, X: torch.Tensor) -> float:
         """Ξ² = (1/n) Σ_i ‖x_i − x̄‖²."""
