@@ -107,9 +107,16 @@ def representatives() -> dict[str, list[str]]:
     return {**chosen, **{name: FEATURES[name] for name in ("gossip-ring", "gossip-frequency", "simulated-time")}}
 
 
+# the topologies that change every round (a fresh W_t drawn from (topology_seed, t) on every
+# process, and a finite-time sequence whose union CHOCO copies), in the 4-process launch only:
+# 8 workers, 2 a process, so pairs fall within and across processes
+ROUND_TOPOLOGY_CASES = {"gossip-random-matching": ["algorithm=gossip", "topology=random-matching", "workers=8"],
+                        "choco-base-1": ["algorithm=choco", "topology=base:1", "workers=12", "batch_size=16",
+                                         "choco_gamma=0.5", "compression=top-k:0.1"]}
+
 # the dist engine's parity launches, compared with engine=sim: on 2 processes (2 workers each)
 # every registered algorithm × codec and the FEATURES, on 4 (one worker each) a subset
-DIST_CASES = {2: all_cases(optimizers=False), 4: representatives()}
+DIST_CASES = {2: all_cases(optimizers=False), 4: {**representatives(), **ROUND_TOPOLOGY_CASES}}
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"
