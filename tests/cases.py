@@ -123,6 +123,14 @@ def representatives(first_codec: int = 0, features: tuple[str, ...] = ("gossip-r
     return {**chosen, **{name: FEATURES[name] for name in features}}
 
 
+# the topologies that change every round (a fresh W_t drawn from (topology_seed, t) on every
+# process, and a finite-time sequence whose union CHOCO copies), in the 4-process launch only:
+# 8 workers, 2 a process, so pairs fall within and across processes
+ROUND_TOPOLOGY_CASES = {"gossip-random-matching": ["algorithm=gossip", "topology=random-matching", "workers=8"],
+                        "choco-base-1": ["algorithm=choco", "topology=base:1", "workers=12", "batch_size=16",
+                                         "choco_gamma=0.5", "compression=top-k:0.1"]}
+
+
 # the dist engine's parity launches, compared with engine=sim, each a representative subset of the
 # cases engine dist runs (every algorithm but the simulator's own, the codecs in turn): on 2
 # processes (2 workers each) from the middle of the codec list and with every FEATURE, on 4 (one
@@ -133,7 +141,7 @@ def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 DIST_CASES = {2: on_dist(representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES))),
-              4: on_dist(representatives())}
+              4: {**on_dist(representatives()), **ROUND_TOPOLOGY_CASES}}
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"

@@ -51,6 +51,22 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
         assert mean("gradient tracking iid", "MB/worker") == pytest.approx(2 * mean("D-SGD iid", "MB/worker"), rel=1e-2)
     if suite == "time-to-accuracy":
         the_network_changes_time_not_training(out, table)
+    if suite == "topologies":  # the measures beside the accuracy, and which ranks it better
+        assert rows["allreduce n=16"]["spectral gap (rounds)"] == "1.0000 (1)"
+        assert float(rows["allreduce n=16"]["n_W(γ)"]) == pytest.approx(16)
+        assert rows["random-matching n=16"]["spectral gap (rounds)"].endswith("(32)")
+        assert 1 < float(rows["ring n=16"]["n_W(γ)"]) < float(rows["exponential n=16"]["n_W(γ)"]) < 16
+        assert mean("allreduce n=16", "mean Ξ² phase 1") < 1e-9 < mean("ring n=16", "mean Ξ² phase 1")
+        assert "ρ_s(accuracy, spectral gap) = " in table and "Reading: n = 16: " in table
+
+
+def test_spearman_ranks_with_ties_and_refuses_a_constant_side():
+    from gossamer.repro import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1)
+    assert spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1)
+    assert spearman([1, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(0.9486832980505138)  # scipy.stats.spearmanr
+    assert spearman([1, 1, 1], [1, 2, 3]) is None
 
 
 def the_network_changes_time_not_training(out, table: str) -> None:

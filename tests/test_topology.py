@@ -73,9 +73,11 @@ def test_doubly_stochastic_and_slots(spec, n):
     rho = spectral_gap(topo)
     assert 0 <= rho <= 1
     a = analyse(topo)
-    assert set(a) == {"name", "n", "spectral_gap", "p", "period", "rounds_to_halve",
-                      "messages_per_worker"}
+    assert set(a) == {"name", "n", "kind", "spectral_gap", "gap_rounds", "p", "period", "rounds_to_halve",
+                      "messages_per_worker", "expected_contraction", "effective_neighbours", "decay"}
     assert a["p"] == pytest.approx(1 - (1 - rho) ** 2)
+    assert a["gap_rounds"] == a["period"] == topo.period
+    assert 1 - 1e-9 <= a["effective_neighbours"] <= n + 1e-9 and 0 <= a["expected_contraction"] <= 1 + 1e-12
 
 
 def test_small_ring():

@@ -26,7 +26,7 @@ from .network import PRESETS, NetworkConfig
 from .report import (AXES, COMPARED, RunDir, RunLock, axis_table, comparison_table, load_checkpoint, plot_runs,
                      read_rows, read_summary, reference_trajectory, saved_config)
 from .repro import SCALES, SUITES, run_suite
-from .topology import TOPOLOGIES, analyse, build_topology
+from .topology import DECAY, SAMPLE_ROUNDS, TOPOLOGIES, analyse, build_topology
 from .train import Diverged, Interrupted, Progress, build_run, summarize, train
 
 
@@ -252,8 +252,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_topology(args) -> int:
-    topology = build_topology(args.name, args.n, seed=args.seed)
-    info = analyse(topology)
+    if not 0.0 <= args.decay < 1.0:
+        raise ConfigError(f"--decay must be in [0, 1), got {args.decay}")
+    if args.rounds < 1:
+        raise ConfigError(f"--rounds must be a positive number of rounds, got {args.rounds}")
+    topology = build_topology(args.name, args.n, seed=args.seed, rounds=args.rounds)
+    info = analyse(topology, decay=args.decay)
     if args.network:
         info.update(network_times(topology, info["rounds_to_halve"], args.network, args.parameters))
     if args.json:
@@ -374,10 +378,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 
-    g = sub.add_parser("topology", help="mixing matrix analysis: spectral gap, p, rounds to halve")
+    g = sub.add_parser("topology", help="mixing matrix analysis: spectral gap, p, rounds to halve, expected "
+                       "contraction, effective number of neighbours")
     g.add_argument("name", help=TOPOLOGIES.choices())
     g.add_argument("-n", type=int, required=True, help="number of workers")
-    g.add_argument("--seed", type=int, default=0, help="seed of random graphs")
+    g.add_argument("--seed", type=int, default=0, help="seed of random graphs (topology_seed)")
+    g.add_argument("--decay", type=float, default=DECAY,
+                   help=f"γ in [0, 1) of the effective number of neighbours (Vogels et al.): a model averages the "
+                        f"noise of about 1/(1 − γ) rounds; small learning rates ↔ γ near 1 (default {DECAY})")
+    g.add_argument("--rounds", type=int, default=SAMPLE_ROUNDS,
+                   help=f"rounds a random topology is sampled over: its empirical spectral gap and expected "
+                        f"contraction (default {SAMPLE_ROUNDS})")
     g.add_argument("--json", action="store_true", help="one JSON object")
     g.add_argument("--network", choices=list(PRESETS),
                    help="also the time of one round, of halving the disagreement and of an all-reduce on this network")

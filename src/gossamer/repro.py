@@ -19,7 +19,8 @@ Suites: ``ring-scaling`` and ``consensus-phases`` (Kong et al.; the latter also 
 control from the local estimate with control from the exact Ξ), ``decentralized-adam``,
 ``heterogeneous`` (non-i.i.d. data: D-SGD, quasi-global momentum, gradient tracking, CHOCO-SGD
 and All-Reduce), ``stragglers`` (slow and jittery workers: synchronous schedules and AD-PSGD on
-per-worker clocks).
+per-worker clocks), ``topologies`` (static, time-varying, finite-time and random per-round graphs:
+which of the spectral gap and the effective number of neighbours ranks their accuracy).
 """
 
 from __future__ import annotations
@@ -329,10 +330,37 @@ def _straggler_report(algorithms: list[str], configs: dict, out: Path, seeds: in
     return "\n".join(lines) + "\n"
 
 
+# (label, topology) of the topologies suite: static, time-varying, finite-time and random graphs
+TOPOLOGY_VARIANTS = [("ring", "ring"), ("torus", "torus"), ("exponential", "exponential"),
+                     ("one-peer-exp", "one-peer-exponential"), ("base:1", "base:1"), ("equidyn", "equidyn"),
+                     ("epidemic:2", "epidemic:2"), ("random-matching", "random-matching")]
+
+
+def topologies(scale: str, quick: bool) -> Suite:
+    """Which measure of a topology predicts its accuracy: D-SGD on static (ring, torus, exponential),
+    time-varying (one-peer exponential), finite-time (Base-2) and random per-round graphs
+    (EquiTopo's one-peer EquiDyn, Epidemic Learning's 2-regular graphs, random matchings) and
+    All-Reduce, at n = 32 and 64, all with one gossip round a step (equal gossip rounds); the
+    report sets each topology's spectral gap and effective number of neighbours beside its
+    accuracy and ranks them (:func:`_topologies_report`)."""
+    sizes = (16,) if quick else (32, 64)  # quick: 16 is the smallest n with a torus and a power of two
+    if scale == "paper":
+        suite = Suite("topologies (paper scale): CIFAR-10 ResNet-20, D-SGD over each topology", [], base_file=KONG_CIFAR)
+    else:
+        suite = Suite("topologies: D-SGD over each topology, equal gossip rounds", _base(quick, 4 if quick else 40))
+    for n in sizes:
+        suite.variants.append(Variant(f"allreduce n={n}", ["algorithm=allreduce"], n))
+        suite.variants += [Variant(f"{label} n={n}", ["algorithm=gossip", f"topology={spec}"], n)
+                           for label, spec in TOPOLOGY_VARIANTS]
+    suite.report = _topologies_report
+    return suite
+
+
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
                                                    "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
                                                    "time-to-accuracy": time_to_accuracy,
-                                                   "heterogeneous": heterogeneous, "stragglers": stragglers}
+                                                   "heterogeneous": heterogeneous, "stragglers": stragglers,
+                                                   "topologies": topologies}
 
 
 def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
@@ -572,3 +600,90 @@ def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, 
         plot_runs(runs, "time", None, out / file, title=file.removesuffix(".png"))
         lines.append(f"![test accuracy against simulated time]({file})")
     return "\n".join(lines) + "\n"
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman's rank correlation (tied values share their mean rank); None where either side is
+    constant (no ranking to compare)."""
+    def ranks(values):
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        rank = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                rank[order[k]] = (i + j) / 2 + 1
+            i = j + 1
+        return rank
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
+
+
+def topology_measures(cfg) -> dict:
+    """``gossamer topology``'s measures of a run's graph (All-Reduce: the complete graph)."""
+    from .topology import analyse, build_topology
+
+    spec = getattr(cfg, "topology", None) or "complete"
+    seed = cfg.seed if getattr(cfg, "topology_seed", None) is None else cfg.topology_seed
+    return analyse(build_topology(spec, cfg.workers, seed=seed))
+
+
+def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str:
+    """Per n: accuracy of x̄, mean Ξ² per learning-rate phase, MB sent per worker and the measures
+    of each topology; Spearman's rank correlation of the accuracy with the spectral gap and with
+    the effective number of neighbours over the variants, and which ranks the accuracy better."""
+    from .topology import DECAY
+
+    boundaries = configs[suite.variants[0].name].milestones
+    phases = len(boundaries) + 1
+    summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
+    lines = [f"Every gossip variant is D-SGD with one gossip round a step, so all run the same rounds; All-Reduce "
+             f"is measured as the complete graph. Measures (`gossamer topology`, seed 0's graph): the spectral gap "
+             f"ρ over the rounds in brackets (the period; for a random topology the empirical gap of its first "
+             f"rounds), the effective number of neighbours n_W(γ) at γ = {DECAY} (Vogels "
+             f"et al. 2022) and the expected contraction ‖E[(W_t − J)ᵀ(W_t − J)]‖₂. ρ_s: Spearman's rank "
+             f"correlation with the accuracy of x̄ over the variants.", ""]
+    readings = []
+    for n in sorted({v.workers for v in suite.variants}):
+        variants = [v for v in suite.variants if v.workers == n]
+        head = ["variant", "test acc (x̄)", *[f"mean Ξ² phase {k + 1}" for k in range(phases)], "MB/worker",
+                "spectral gap (rounds)", "n_W(γ)", "E-contraction"]
+        lines += [f"## n = {n}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        accuracy, gaps, neighbours = [], [], []
+        for v in variants:
+            runs, info = summaries[v.name], topology_measures(configs[v.name])
+            per_phase = [phase_means(r / "metrics.jsonl", boundaries) for r in _runs(v.name, out, seeds)]
+            accuracy.append(statistics.mean(s["test_accuracy"] for s in runs))
+            gaps.append(info["spectral_gap"])
+            neighbours.append(info["effective_neighbours"])
+            lines.append("| " + " | ".join([
+                v.name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
+                *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
+                _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
+                f"{info['spectral_gap']:.4f} ({info['gap_rounds']})", f"{info['effective_neighbours']:.2f}",
+                f"{info['expected_contraction']:.4f}"]) + " |")
+        by_gap, by_neighbours = spearman(gaps, accuracy), spearman(neighbours, accuracy)
+        shown = {k: "undefined" if r is None else f"{r:+.2f}" for k, r in (("gap", by_gap), ("nw", by_neighbours))}
+        if by_gap is None or by_neighbours is None or abs(by_gap - by_neighbours) < 0.05:
+            verdict = "neither ranks it clearly better"
+        else:
+            verdict = ("the effective number of neighbours" if by_neighbours > by_gap else "the spectral gap") + \
+                " ranks it better"
+        spread = max(accuracy) - min(accuracy)
+        noise = statistics.mean(statistics.stdev([s["test_accuracy"] for s in summaries[v.name]])
+                                for v in variants) if seeds > 1 else None
+        caution = "" if noise is None or spread > 2 * noise else \
+            f" (but the variants' accuracies span {spread:.4f}, within twice their mean std over seeds {noise:.4f}: " \
+            f"the ranking of the accuracy itself is noise)"
+        lines += ["", f"ρ_s(accuracy, spectral gap) = {shown['gap']}, ρ_s(accuracy, n_W) = {shown['nw']}: "
+                      f"{verdict}{caution}.", ""]
+        readings.append(f"n = {n}: {verdict}")
+        plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in variants}, boundaries,
+                       out / f"consensus-n{n}.png", f"{suite.title}, n = {n}")
+        lines += [f"![Ξ² over training, n = {n}](consensus-n{n}.png)", ""]
+    return "\n".join(lines + ["Reading: " + "; ".join(readings) + ".", ""])

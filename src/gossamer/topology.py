@@ -19,6 +19,11 @@ which for a static symmetric W is 1 - max(|lambda_2|, |lambda_n|). The mixing
 quality is p = 1 - (1 - rho)^2, and the slowest mode halves in
 ln 2 / (-ln(1 - rho)) rounds.
 
+Random topologies draw a fresh W_t every round from (topology seed, t) alone (``RandomRounds``,
+``round_generator``); they, EquiTopo's static graph and the finite-time Base-(K+1) graph live in
+``topology_dynamic.py``. Beside the spectral gap, :func:`analyse` reports the expected contraction
+E‖W_t − J‖² and Vogels et al.'s effective number of neighbours (docs/topologies.md).
+
 Pure numpy + networkx (+ scipy for sparse spectra and strong connectivity); no torch.
 """
 
@@ -159,22 +164,43 @@ class Mixing:
 
 @dataclass(frozen=True)
 class Topology:
-    """A (possibly time-varying) topology: W_t = mixings[t % period]. ``doubly_stochastic``:
-    every W_t's rows sum to 1 too (else it is directed, column-stochastic: for push-sum)."""
+    """A topology: static, time-varying (W_t = mixings[t % period]) or random (W_t = draw(t), a
+    fresh matrix every round drawn from (topology seed, t) alone — so every engine and process
+    draws the same W_t, and a resumed run the ones it would have drawn). ``doubly_stochastic``:
+    every W_t's rows sum to 1 too (else it is directed, column-stochastic: for push-sum).
+
+    A random topology's ``mixings`` are its first rounds, W_0 … W_{R−1}: the sample its analysis
+    reads (the empirical spectral gap over R rounds, messages per round, ...); ``period`` is then
+    R, the number of rounds the analysis spans, not a period of W_t."""
 
     name: str
     n: int
     mixings: tuple[Mixing, ...]
     doubly_stochastic: bool = True
+    draw: Callable[[int], Mixing] | None = field(default=None, compare=False, repr=False)
+    symmetry: str | None = None  # a random topology's: see RandomRounds
+    _recent: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
     def period(self) -> int:
         return len(self.mixings)
 
+    @property
+    def random(self) -> bool:
+        """Whether W_t is drawn afresh every round (no period)."""
+        return self.draw is not None
+
+    @property
+    def kind(self) -> str:
+        return "random" if self.random else "static" if self.period == 1 else "time-varying"
+
     @cached_property
     def union(self) -> Mixing:
         """One matrix whose slots hold every neighbour a worker has in any W_t of the period (the
-        mean of the W_t); a static topology's own W. Who must keep copies of whom."""
+        mean of the W_t); a static topology's own W. Who must keep copies of whom. A random
+        topology may pair any two workers some round: its union is the complete graph."""
+        if self.random:
+            return _circulant(self.n, list(range(self.n)), [1.0 / self.n] * self.n)
         if self.period == 1:
             return self.mixings[0]
         index = np.concatenate([m.index for m in self.mixings])
@@ -182,7 +208,15 @@ class Topology:
         return _slots(self.n, [_combine(index[:, i], weight[:, i], i) for i in range(self.n)])
 
     def mixing(self, t: int) -> Mixing:
-        return self.mixings[t % self.period]
+        if not self.random:
+            return self.mixings[t % self.period]
+        if t < self.period:
+            return self.mixings[t]
+        if t not in self._recent:
+            if len(self._recent) >= 4:  # a round's matrix is asked for a few times at most, all in its round
+                self._recent.pop(next(iter(self._recent)))
+            self._recent[t] = self.draw(t)
+        return self._recent[t]
 
     def matrix(self, t: int) -> np.ndarray:
         return self.mixing(t).dense()
@@ -349,9 +383,9 @@ def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
     name = "random-regular"
     d = _parse_int(name, arg, default=4, what="degree D")
     if d < 1:
-        raise TopologyError(f"topology '{name}' needs degree D >= 1, got D = {d}")
+        raise TopologyError(f"topology '{name}' needs degree D >= 1, got D = {short(str(d))}")
     if d >= n:
-        raise TopologyError(f"topology '{name}' needs degree D < n, got D = {d}, n = {n}")
+        raise TopologyError(f"topology '{name}' needs degree D < n, got D = {short(str(d))}, n = {n}")
     if (n * d) % 2:
         raise TopologyError(f"topology '{name}' needs n·D even, got n = {n}, D = {d}")
     return _first_connected(lambda s: nx.random_regular_graph(d, n, seed=s), f"{name}:{d}", n, seed, "D")
@@ -494,16 +528,55 @@ def _check_strongly_connected(mixings: tuple[Mixing, ...], name: str) -> None:
         raise TopologyError(f"topology '{name}' is not strongly connected ({parts} components)")
 
 
-def build_topology(spec: str, n: int, seed: int = 0) -> Topology:
-    """Build and validate the topology named by `spec` ('name' or 'name:param') for n workers."""
+@dataclass(frozen=True)
+class RandomRounds:
+    """What the builder of a random topology returns: ``draw(rng) → W_t``, called with the
+    generator of (seed, t) for round t (:func:`round_generator`). ``symmetry``: what relabelling
+    of the workers leaves the law of W_t unchanged — "exchangeable" (any permutation: random
+    matchings, regular graphs, partitions), "cyclic" (the rotations i → i + c) or None — which
+    the analysis uses to average its estimates over (:func:`expected_contraction`)."""
+
+    draw: Callable[[np.random.Generator], Mixing]
+    symmetry: str | None = None
+
+
+def round_generator(seed: int, t: int) -> np.random.Generator:
+    """The random numbers of round t of a random topology: a function of (seed, t) alone, so W_t
+    needs neither W_{t−1} nor any state — every process draws it alike, and a resumed run too."""
+    return np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64, int(t)]))
+
+
+SAMPLE_ROUNDS = 32  # the rounds of a random topology kept as its sample (the analysis: empirical gap, ...)
+
+
+def build_topology(spec: str, n: int, seed: int = 0, rounds: int | None = None) -> Topology:
+    """Build and validate the topology named by `spec` ('name' or 'name:param') for n workers.
+    ``rounds``: how many rounds of a random topology to draw as its sample (default
+    SAMPLE_ROUNDS; its other rounds are drawn when asked for, each checked like these)."""
+    rounds = SAMPLE_ROUNDS if rounds is None else rounds
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
         raise TopologyError(f"topology '{short(spec)}' needs an integer number of workers n, got {short(repr(n))}")
     n = int(n)
     if n < 1:
         raise TopologyError(f"topology '{short(spec)}' needs n >= 1 workers, got n = {n}")
+    if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
+        raise TopologyError(f"the rounds a random topology is sampled over must be a positive integer, "
+                            f"got {short(repr(rounds))}")
     entry, param = TOPOLOGIES.parse(spec)
-    _check_fits(f"building topology '{short(spec)}'", n, lambda k: graph_bytes(spec, k))
+    _check_fits(f"building topology '{short(spec)}'", n, lambda k: graph_bytes(spec, k, rounds))
     built = entry.build(n, param, seed)
+    if isinstance(built, RandomRounds):
+        label = short(spec)
+
+        def draw(t: int) -> Mixing:
+            m = built.draw(round_generator(seed, t))
+            if m.n != n:
+                raise TopologyError(f"topology '{label}': W_{t} has {m.n} workers, expected {n}")
+            if not _check_stochastic(m, label, t):
+                raise TopologyError(f"topology '{label}': W_{t} is not doubly stochastic (rows do not sum to 1)")
+            return m
+        return Topology(name=spec, n=n, mixings=tuple(draw(t) for t in range(int(rounds))), draw=draw,
+                        symmetry=built.symmetry)
     mixings = built if isinstance(built, tuple) else (built,)
     doubly = True
     for t, m in enumerate(mixings):
@@ -536,7 +609,7 @@ def free_memory() -> int | None:
 
 
 def _random_regular_size(n: int, param: str | None) -> tuple[float, float, int]:
-    d = _parse_int("random-regular", param, default=4, what="degree D")
+    d = min(n, max(0, _parse_int("random-regular", param, default=4, what="degree D")))  # beyond n: refused when built
     return (d + 1) * n, n * d / 2, n
 
 
@@ -569,11 +642,17 @@ SIZES: dict[str, Callable[[int, str | None], tuple[float, float, int]]] = {
 }
 
 
-def graph_bytes(spec: str, n: int) -> int:
+# the random topologies, whose SIZES are per round: their sample holds that many rounds
+PER_ROUND: set[str] = set()
+
+
+def graph_bytes(spec: str, n: int, rounds: int = SAMPLE_ROUNDS) -> int:
     """About the memory building and analysing topology ``spec`` for n workers takes at its peak
-    (0 for a topology registered without a size)."""
+    (0 for a topology registered without a size; a random one's sample of ``rounds`` rounds)."""
     entry, param = TOPOLOGIES.parse(spec)
     slots, edges, nodes = SIZES.get(entry.name, lambda n, param: (0, 0, 0))(n, param)
+    if entry.name in PER_ROUND:
+        slots *= rounds
     return int(SLOT_BYTES * slots + EDGE_BYTES * edges + NODE_BYTES * nodes)
 
 
@@ -613,7 +692,8 @@ def _norm_minus_mean(mixings: tuple[Mixing, ...]) -> float:
         prod = np.eye(n)
         for m in mixings:
             prod = m.dense() @ prod
-        return float(np.linalg.norm(prod - np.full((n, n), 1.0 / n), 2))
+        sigma = float(np.linalg.norm(prod - np.full((n, n), 1.0 / n), 2))
+        return sigma if sigma > _TOL else 0.0  # a finite-time graph's exact average, up to rounding
     from scipy.sparse.linalg import LinearOperator, svds
 
     sparse = [m.sparse() for m in mixings]
@@ -624,7 +704,30 @@ def _norm_minus_mean(mixings: tuple[Mixing, ...]) -> float:
             x = (w.T if transpose else w) @ x
         return x - x.mean(0, keepdims=True)
     op = LinearOperator((n, n), matvec=apply, rmatvec=lambda x: apply(x, True), dtype=np.float64)
-    return float(svds(op, k=1, return_singular_vectors=False, random_state=0)[0])
+    probe = np.random.default_rng(0).standard_normal(n)
+    if np.linalg.norm(apply(probe)) <= _TOL * np.linalg.norm(probe):  # a finite-time graph: nothing left (ARPACK
+        return 0.0  # would stop on its zero vectors)
+    sigma = float(svds(op, k=1, return_singular_vectors=False, random_state=0)[0])
+    return sigma if sigma > _TOL else 0.0
+
+
+def _log_norm_minus_mean(mixings: tuple[Mixing, ...]) -> float:
+    """ln ‖Π_t (W_t − J)‖₂ over many rounds of doubly stochastic W_t (dense, n ≤ DENSE_MAX): the
+    product is taken on the mean-free part and rescaled after every round, so that a long product
+    of contractions neither underflows nor drowns in the rounding of W − J; −inf once a round
+    leaves nothing (an exact average)."""
+    n = mixings[0].n
+    P = (np.eye(n) - 1.0 / n) / math.sqrt(n - 1)  # ‖I − J‖_F = √(n − 1)
+    log = 0.5 * math.log(n - 1)
+    for m in mixings:
+        P = m.sparse() @ P
+        P -= P.mean(0, keepdims=True)  # (W − J) P = W P − J P; 1ᵀP = 0 up to rounding
+        size = float(np.linalg.norm(P))
+        if size <= _TOL:
+            return -math.inf
+        log += math.log(size)
+        P /= size
+    return log + math.log(float(np.linalg.norm(P, 2)))
 
 
 def _norm_minus_limit(mixings: tuple[Mixing, ...]) -> float:
@@ -641,9 +744,13 @@ def _norm_minus_limit(mixings: tuple[Mixing, ...]) -> float:
 
 def spectral_gap(topology: Topology) -> float:
     """rho = 1 - ||W_{P-1} ... W_0 - J||_2^(1/P), clipped to [0, 1]. J = 11^T/n, the limit of the
-    products of doubly stochastic W; for a directed topology J = pi 1^T (:func:`_norm_minus_limit`)."""
+    products of doubly stochastic W; for a directed topology J = pi 1^T (:func:`_norm_minus_limit`).
+    A random topology's is the empirical one over its P sampled rounds (``topology.period``)."""
     if topology.n == 1:
         return 1.0
+    if topology.random and topology.n <= DENSE_MAX:
+        log = _log_norm_minus_mean(topology.mixings)
+        return float(min(1.0, max(0.0, 1.0 - math.exp(log / topology.period))))
     if not topology.doubly_stochastic:
         _check_fits(f"the spectral gap of directed topology '{short(topology.name)}' (dense)", topology.n,
                     lambda n: DENSE_BYTES * n * n)
@@ -652,10 +759,178 @@ def spectral_gap(topology: Topology) -> float:
     return float(min(1.0, max(0.0, rho)))
 
 
-def analyse(topology: Topology) -> dict:
-    """Summary: spectral gap rho, p = 1 - (1 - rho)^2, rounds to halve the slowest mode
-    ln 2 / (-ln(1 - rho)) (0 if rho = 1, inf if rho = 0), and mean messages per worker
-    per round over one period."""
+DECAY = 0.95  # γ of the effective number of neighbours: noise is averaged over about 1/(1 − γ) = 20 rounds
+
+
+def _check_decay(decay: float) -> float:
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay < 1.0:
+        raise TopologyError(f"the decay γ of the effective number of neighbours must be in [0, 1), got {decay!r}")
+    return float(decay)
+
+
+def _circulant_spectra(topology: Topology) -> np.ndarray | None:
+    """|λ_{t,m}|² [P, n − 1] of the rounds' circulant W_t off the mean mode (None unless all are)."""
+    spectra = [m.spectrum for m in topology.mixings]
+    if any(s is None for s in spectra):
+        return None
+    return np.abs(np.stack(spectra))[:, 1:] ** 2
+
+
+def expected_contraction(topology: Topology) -> float | None:
+    """‖E_t[(W_t − J)ᵀ(W_t − J)]‖₂: the factor 1 − p by which a round shrinks the disagreement in
+    expectation, E‖X W_t − X̄‖²_F ≤ (1 − p)‖X − X̄‖²_F (Koloskova et al. 2020's assumption on
+    random and time-varying W_t). E is the mean over the period; for a static W it is
+    ‖W − J‖₂² = (1 − ρ)². For a random topology it is estimated from its sampled rounds, averaged
+    over the relabellings that leave the law of W_t unchanged (:func:`_random_modes`); it is 1
+    for a one-peer round taken alone (some mode stays unmixed), yet below 1 in expectation. None
+    for a directed topology (its limit is not J)."""
+    n = topology.n
+    if not topology.doubly_stochastic:
+        return None
+    if n == 1:
+        return 0.0
+    if topology.period == 1 and not topology.random:
+        return (1.0 - spectral_gap(topology)) ** 2
+    if topology.random and topology.symmetry is not None:
+        modes = _random_modes(topology)
+        if modes is None:
+            return None
+        return float(modes if np.isscalar(modes) else modes.sum(0).max())  # E[WᵀW] − J: column sums of K
+    squares = _circulant_spectra(topology)
+    if squares is not None:
+        return float(squares.mean(0).max())
+    mean = sum(m.sparse().T @ m.sparse() for m in topology.mixings) / topology.period
+    if n <= DENSE_MAX:
+        return float(max(0.0, np.linalg.eigvalsh(mean.toarray() - 1.0 / n)[-1]))
+    from scipy.sparse.linalg import LinearOperator, eigsh
+
+    def apply(x):
+        x = np.asarray(x, dtype=np.float64).reshape(n, -1)
+        x = x - x.mean(0, keepdims=True)
+        y = mean @ x
+        return y - y.mean(0, keepdims=True)
+    op = LinearOperator((n, n), matvec=apply, dtype=np.float64)
+    start = np.random.default_rng(0).standard_normal(n)
+    return float(max(0.0, eigsh(op, k=1, which="LA", return_eigenvectors=False, v0=start)[0]))
+
+
+def _random_modes(topology: Topology) -> float | np.ndarray | None:
+    """What a random topology's symmetry makes of the expectations over its sampled rounds.
+
+    "exchangeable" (the law of W_t is invariant under every relabelling): E[(W − J)ᵀ(W − J)] and
+    E[(W − J)(W − J)ᵀ] commute with every permutation, so both are c (I − J) with
+    c = E‖W_t − J‖²_F / (n − 1); returns c, estimated from the sample's Frobenius
+    norms (exact for a random matching, whose every round has the same norm).
+    "cyclic" (invariant under the rotations i → i + c): in the Fourier basis f_m of the
+    rotations, A_t = F* W_t F, returns K with K[m', m] = E|A_t[m', m]|² over the sample,
+    on the modes m, m' ≠ 0: E[W D Wᵀ] for a circulant D = F diag(δ) F* is circulant with
+    eigenvalues K δ, and E[Wᵀ W] − J has eigenvalues the column sums of K (dense: None for
+    n > DENSE_MAX)."""
+    n, sample = topology.n, topology.mixings
+    if topology.symmetry == "exchangeable":
+        squares = [float((m.sparse().data ** 2).sum()) for m in sample]  # csr sums duplicate slots
+        return float(np.mean(squares) - 1.0) / (n - 1)
+    if topology.symmetry == "cyclic":
+        if n > DENSE_MAX:
+            return None
+        K = np.zeros((n - 1, n - 1))
+        for m in sample:
+            A = np.fft.ifft(np.fft.fft(m.dense(), axis=1), axis=0)  # F* W F, F_jm = exp(−2πi jm/n)/√n
+            K += np.abs(A[1:, 1:]) ** 2
+        return K / len(sample)
+    raise ValueError(f"unknown symmetry {topology.symmetry!r}")
+
+
+def effective_neighbours(topology: Topology, decay: float = DECAY) -> float | None:
+    """Vogels, Hendrikx, Jaggi's effective number of neighbours n_W(γ) (NeurIPS 2022, "Beyond
+    spectral gap"), in its learning-rate-free form: in the random walk x ← W_t (√γ x + ξ_t), one
+    scalar per worker and ξ_t i.i.d. standard normal noise, a worker's model averages the noise
+    of the last ~1/(1 − γ) rounds; alone (W = I) its variance is 1/(1 − γ), with the exact
+    average 1/(n(1 − γ)). n_W(γ) = (1/(1 − γ)) / (mean over workers of its stationary variance):
+    how many workers' noise a model averages, 1 for I, n for J (for every γ), in between for a
+    graph; higher means a worker's model is closer to the average over the horizon. γ ∈ [0, 1)
+    is the decay: small learning rates correspond to γ near 1 (where every connected graph tends
+    to n), large ones to small γ (where only the direct neighbours count).
+
+    Computed as n / (1 + (1 − γ)·tr D), D the covariance's part off the mean mode, which follows
+    D ← γ W D Wᵀ + W Wᵀ − J: in closed form per Fourier mode for circulant W_t (static or
+    periodic: ring, exponential graphs, any n), from the eigenvalues for a static symmetric W,
+    else by iterating D to its stationary cycle (periodic W_t: the mean over the phases of the
+    period). For a random topology, E[D] over the law of W_t from its symmetry
+    (:func:`_random_modes`): exchangeable, E[D] = d (I − J) with d = c / (1 − γc); invariant under
+    rotations, E[D] circulant with eigenvalues δ = (I − γK)⁻¹ K 1 — estimates from the sampled
+    rounds; without a symmetry, by iterating D along drawn rounds (a burn-in of ln 10⁻⁸ / ln γ
+    rounds, then the mean over as many rounds as the sample). None for a directed topology, and
+    for graphs that are not circulant with n > DENSE_MAX."""
+    gamma = _check_decay(decay)
+    n = topology.n
+    if not topology.doubly_stochastic:
+        return None
+    if n == 1:
+        return 1.0
+    if topology.random and topology.symmetry is not None:
+        modes = _random_modes(topology)
+        if modes is None:
+            return None
+        if np.isscalar(modes):  # exchangeable: E[D] = d (I − J), d = γ c d + c
+            return n / (1 + (1 - gamma) * (n - 1) * modes / (1 - gamma * modes))
+        # cyclic: E[D] circulant with eigenvalues δ = γ K δ + K 1 (E[W Wᵀ] − J has eigenvalues K 1)
+        delta = np.linalg.solve(np.eye(n - 1) - gamma * modes, modes.sum(1))
+        return n / (1 + (1 - gamma) * float(delta.sum()))
+    squares = None if topology.random else _circulant_spectra(topology)
+    if squares is not None:  # per mode m: d ← |λ_{t,m}|² (γ d + 1)
+        shrink, offset = np.ones(n - 1), np.zeros(n - 1)
+        for a in squares:  # one period as one affine map d ← shrink·d + offset
+            shrink, offset = a * gamma * shrink, a * (gamma * offset + 1)
+        d, total = offset / (1 - shrink), 0.0
+        for a in squares:
+            d = a * (gamma * d + 1)
+            total += float(d.sum())
+        return n / (1 + (1 - gamma) * total / len(squares))
+    if n > DENSE_MAX:
+        return None
+    if topology.period == 1 and not topology.random:
+        w = topology.mixings[0].dense()
+        if np.allclose(w, w.T, rtol=0, atol=_TOL):
+            mu = np.linalg.eigvalsh(w - 1.0 / n) ** 2
+            return n / (1 + (1 - gamma) * float((mu / (1 - gamma * mu)).sum()))
+    return n / (1 + (1 - gamma) * _iterated_trace(topology, gamma))
+
+
+def _iterated_trace(topology: Topology, gamma: float) -> float:
+    """tr D of :func:`effective_neighbours` by iterating D ← γ W_t D W_tᵀ + W_t W_tᵀ − J from 0."""
+    n, P = topology.n, topology.period
+    D = np.zeros((n, n))
+
+    def step(m: Mixing) -> float:
+        nonlocal D
+        w = m.sparse()
+        WD = w @ D
+        D = gamma * (w @ WD.T).T + (w @ w.T).toarray() - 1.0 / n
+        D = (D + D.T) / 2
+        return float(np.trace(D))
+    burn = 0 if gamma == 0 else min(100_000, math.ceil(math.log(1e-8) / math.log(gamma)))
+    if topology.random:
+        for t in range(burn):
+            step(topology.mixing(t))
+        return float(np.mean([step(topology.mixing(t)) for t in range(burn, burn + P)]))
+    previous = None
+    for cycle in range(burn // P + 2):  # the stationary cycle: D after a period stops changing
+        traces = [step(m) for m in topology.mixings]
+        if previous is not None and abs(traces[-1] - previous) <= 1e-12 * (1 + abs(previous)):
+            break
+        previous = traces[-1]
+    return float(np.mean(traces))
+
+
+def analyse(topology: Topology, decay: float = DECAY) -> dict:
+    """Summary: the kind (static, time-varying or random), spectral gap rho over ``gap_rounds``
+    rounds (1, the period, or a random topology's sampled rounds: the empirical gap),
+    p = 1 - (1 - rho)^2, rounds to halve the slowest mode ln 2 / (-ln(1 - rho)) (0 if rho = 1,
+    inf if rho = 0), mean messages per worker per round over those rounds, the expected
+    contraction E‖W_t − J‖² (:func:`expected_contraction`) and the effective number of neighbours
+    at decay γ (:func:`effective_neighbours`)."""
+    gamma = _check_decay(decay)
     rho = spectral_gap(topology)
     if rho >= 1.0:
         halve = 0.0
@@ -667,9 +942,17 @@ def analyse(topology: Topology) -> dict:
     return {
         "name": topology.name,
         "n": topology.n,
+        "kind": topology.kind,
         "spectral_gap": rho,
+        "gap_rounds": topology.period,
         "p": 1.0 - (1.0 - rho) ** 2,
-        "period": topology.period,
+        "period": None if topology.random else topology.period,
         "rounds_to_halve": halve,
         "messages_per_worker": msgs,
+        "expected_contraction": expected_contraction(topology),
+        "effective_neighbours": effective_neighbours(topology, gamma),
+        "decay": gamma,
     }
+
+
+from . import topology_dynamic  # noqa: E402,F401  (registers the per-round random and finite-time topologies)

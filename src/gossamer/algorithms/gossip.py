@@ -293,9 +293,10 @@ def _control(cfg, ctx: Context, topology: Topology) -> Controller | FrequencyCon
     if ctx.reference is not None and steps is not None and len(ctx.reference) < steps:
         raise ConfigError(f"consensus.target {cfg.consensus.target[:100]} has {len(ctx.reference)} steps; "
                           f"this run needs {steps}")
-    if cfg.consensus.measure == "estimate" and any(m.p == 0 for m in topology.mixings):
+    if cfg.consensus.measure == "estimate" and (topology.random or any(m.p == 0 for m in topology.mixings)):
         raise ConfigError(f"consensus.measure estimate needs every round of the topology to mix (p > 0); "
-                          f"'{cfg.topology[:100]}' has rounds with p = 0, where Θ bounds nothing")
+                          f"'{cfg.topology[:100]}' has rounds with p = 0, where Θ bounds nothing"
+                          + (" (a random topology's rounds are not known in advance)" if topology.random else ""))
     p = 1 - (1 - spectral_gap(topology)) ** 2
     target = build_target(cfg.consensus, p, ctx.reference)
     if cfg.consensus.action == "frequency":
