@@ -265,7 +265,7 @@ def bench_scale(quick: bool) -> list[dict]:
             for local in ("all", "16"):
                 cfg = load_config(None, [f"workers={n}", f"batch_size={MODELS[name][1]}", f"model={name}",
                                          "algorithm=gossip", "topology=ring", "epochs=1", f"device={DEVICE.type}",
-                                         f"eval_local={local}"])
+                                         f"eval_local={local}", f"num_samples={5 * n * MODELS[name][1]}"])
                 run = build_run(cfg, data=data)
                 step = sim_step(run)
                 seconds = _median_interleaved({"step": step}, reps=2 if quick else 3)["step"]
