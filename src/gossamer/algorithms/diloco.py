@@ -207,11 +207,8 @@ class DiLoCoOptions:
                           "(SparseLoCo), streaming (fragments) or on an outer topology (NoLoCo)")
 def _diloco(cfg, ctx: Context) -> DiLoCo:
     fragments = fragment_columns(ctx.numels, cfg.fragments)
-    if ctx.outer_optimizer is not None and len(fragments) > 1:
-        raise ConfigError("fragments > 1 needs the config's outer optimizer (outer_lr, outer_momentum), "
-                          "not a user's outer optimizer")
-    outers = [ctx.outer_optimizer] if ctx.outer_optimizer else \
-        [OuterSGD(cfg.outer_lr, cfg.outer_momentum) for _ in fragments]
+    outers = [ctx.outer_optimizer(cols) if ctx.outer_optimizer else OuterSGD(cfg.outer_lr, cfg.outer_momentum)
+              for cols in fragments]
     compressors = None if cfg.compression == "none" else \
         [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed)
          for cols in fragments]
