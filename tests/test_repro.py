@@ -10,7 +10,9 @@ import yaml
 from conftest import write_cifar
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.repro import KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, PAPER_CONFIGS, SUITES, _slug, build_suite
+from gossamer.report import read_summary
+from gossamer.repro import (KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, LOWCOMM_NETWORKS, PAPER_CONFIGS, SUITES, _slug,
+                            build_suite)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -51,6 +53,15 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
         assert mean("gradient tracking iid", "MB/worker") == pytest.approx(2 * mean("D-SGD iid", "MB/worker"), rel=1e-2)
     if suite == "time-to-accuracy":
         the_network_changes_time_not_training(out, table)
+    if suite == "low-communication":  # DiLoCo sends the model every H steps; the chain ~1/27 of that
+        fast, slow = LOWCOMM_NETWORKS[1], LOWCOMM_NETWORKS[0]
+        for variant in (v.name for v in build_suite(suite, "cpu", quick=True).variants if v.name.endswith(fast)):
+            a, b = (read_summary(out / f"{_slug(v)}-seed0") for v in (variant, variant.replace(fast, slow)))
+            assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
+            assert b["sim_seconds"] > a["sim_seconds"] > 0
+        plain = read_summary(out / f"{_slug('DiLoCo H=2 on ' + fast)}-seed0")
+        assert mean("DiLoCo H=2", "× fewer bytes") == plain["steps"] / plain["comm_rounds"]
+        assert mean("DiLoCo H=2 + ef-top-k:0.03+quant:2", "MB/worker") < mean("DiLoCo H=2", "MB/worker") / 5
 
 
 def the_network_changes_time_not_training(out, table: str) -> None:
