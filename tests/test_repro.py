@@ -163,3 +163,9 @@ def test_local_sgd_at_paper_scale_is_lins_mini_batch_config_measuring_sharpness(
     assert suite.config(large).to_dict() == shipped.to_dict()
     post = next(v for v in suite.variants if v.name == "post-local H=16")
     assert (suite.config(post).algorithm, suite.config(post).local_steps) == ("post-local", 16)
+
+
+def test_low_communication_has_no_paper_scale(capsys):
+    assert main(["repro", "low-communication", "--scale", "paper", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "low-communication has only --scale cpu" in err[0]

@@ -296,12 +296,12 @@ def low_communication(scale: str, quick: bool) -> Suite:
         raise ConfigError("low-communication has only --scale cpu: its papers train 150M–1B-parameter language "
                           "models, for which configs/paper has no file")
     n, H = 8, 2 if quick else 50
-    epochs = 1 if quick else 12
+    epochs = 1 if quick else 5
     size = ["text_chars=3000", "context=16", "width=16", "layers=1", "batch_size=4"] if quick else \
         ["context=32", "width=32", "layers=2", "batch_size=16"]
     suite = Suite(f"low-communication: char Transformer, AdamW, n = {n}",
                   ["dataset=text", "model=transformer", *size, "heads=4", f"epochs={epochs}", "optimizer=adamw",
-                   "lr=0.001", "weight_decay=0", f"warmup_epochs={0 if quick else 1}", f"eval_every={1 if quick else 2}",
+                   "lr=0.002", "weight_decay=0", f"warmup_epochs={0 if quick else 1}", "eval_every=1",
                    f"compute_ms={LOWCOMM_COMPUTE_MS}", "network.count_metrics=false"])
     diloco = ["algorithm=diloco", f"local_steps={H}"]
     F, tau = (2, 1) if quick else (4, 5)
