@@ -28,7 +28,10 @@ engine counted: d float32 values, or the exact bytes of a codec's message.
 **A step** costs its compute c plus its communication, one after the other; with ``overlap``,
 a step whose only communication is the gradient all-reduce (``Schedule.averages_gradients``)
 hides up to the backward pass's share of c, 2/3 (backward ≈ twice the forward's FLOPs), as
-DDP overlaps its bucketed all-reduce with backward: c + max(0, comm − 2c/3). Measurement
+DDP overlaps its bucketed all-reduce with backward: c + max(0, comm − 2c/3). An operator that
+may run behind w steps of compute (``Event.behind``: Streaming DiLoCo's fragment, applied τ steps
+after it was sent, w = min(τ, ⌊H/F⌋) so that two fragments never share the link) costs
+max(0, comm − w·c), charged at the step that sends it. Measurement
 traffic (x̄, Ξ², scalar means, control's probes) costs time unless ``count_metrics: false``.
 c is ``compute_ms``: ``measured`` (the simulator's own compute time per step divided by the
 workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's forward and
@@ -270,10 +273,11 @@ class Clock:
         compute = self.step_seconds if self.step_seconds is not None else self._measured / workers
         self._measured = 0.0
         net = self.network
-        algorithm = sum(net.seconds(e) for e in events if e.level != METRICS)
+        algorithm = sum(net.seconds(e) for e in events if e.level != METRICS and not e.behind)
+        background = sum(max(0.0, net.seconds(e) - e.behind * compute) for e in events if e.behind)
         metrics = sum(net.seconds(e) for e in events if e.level == METRICS) if net.count_metrics else 0.0
         hidden = min(algorithm, BACKWARD_SHARE * compute) if net.overlap and averages_gradients else 0.0
-        comm = algorithm - hidden + metrics
+        comm = algorithm - hidden + background + metrics
         return compute + comm, comm
 
 
