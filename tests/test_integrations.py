@@ -82,14 +82,18 @@ def hook_of(overrides: list[str]) -> dict | None:
     return None
 
 
+# DiLoCo's codecs share one path through the hook (the all-gather of the compressed
+# pseudo-gradients): a per-worker stochastic codec, a shared-seed one and SparseLoCo's chain with
+# error feedback cover it (the simulator's tests take every codec)
+DILOCO = [f"diloco-{codec}-sgd" for codec in ("none", "qsgd:4", "random-k:0.2", "ef-top-k:0.1+quant:2")]
 # every registered algorithm × codec that a synchroniser runs (SGD), from the registries, and the
 # FEATURES of DiLoCo's options (streaming with a compressed chain; NoLoCo)
 GENERATED = {name: (o, hook_of(o)) for name, o in {**combinations(optimizers=False), **{
-    name: FEATURES[name] for name in ("diloco-streaming", "noloco")}}.items() if hook_of(o) is not None}
-# resumed: all but DiLoCo's codecs one by one (the codecs' residuals resume as in local SGD's
-# cases, DiLoCo's per-fragment residuals and outer state in diloco-streaming's)
-RESUMED = [name for name in GENERATED if not name.startswith("diloco-") or name in ("diloco-none-sgd",
-                                                                                   "diloco-streaming")]
+    name: FEATURES[name] for name in ("diloco-streaming", "noloco")}}.items()
+    if hook_of(o) is not None and (not name.startswith("diloco-") or name in DILOCO + ["diloco-streaming"])}
+# resumed: all but DiLoCo's codecs (their residuals resume as in local SGD's cases; DiLoCo's
+# per-fragment residuals and outer state in diloco-streaming's)
+RESUMED = [name for name in GENERATED if name not in DILOCO[1:]]
 
 
 def in_threads(work) -> list:
