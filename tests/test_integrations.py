@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import HOOK_PROCESS_CASES, SHORT, combinations
+from cases import FEATURES, HOOK_PROCESS_CASES, SHORT, combinations
 from launch import SMALL
 
 from conftest import SCRIPTS
@@ -75,13 +75,25 @@ def hook_of(overrides: list[str]) -> dict | None:
         return {"kind": "Gossip", "kwargs": {"topology": cfg.topology, "local_steps": cfg.local_steps,
                                              "gossip_form": cfg.gossip_form, "phases": cfg.phases,
                                              "phase_steps": cfg.phase_steps, "consensus": asdict(cfg.consensus)}}
-    if cfg.algorithm == "diloco" and cfg.compression == "none" and cfg.fragments == 1 and cfg.outer_topology == "none":
-        return {"kind": "DiLoCo", "kwargs": {"local_steps": cfg.local_steps}}  # the hook has no other options yet
+    if cfg.algorithm == "diloco":
+        return {"kind": "DiLoCo", "kwargs": {key: getattr(cfg, key) for key in (
+            "local_steps", "compression", "fragments", "fragment_delay", "fragment_alpha", "outer_topology",
+            "outer_gamma")}}
     return None
 
 
-# every registered algorithm × codec that a synchroniser runs (SGD), from the registries
-GENERATED = {name: (o, hook_of(o)) for name, o in combinations(optimizers=False).items() if hook_of(o) is not None}
+# DiLoCo's codecs share one path through the hook (the all-gather of the compressed
+# pseudo-gradients): a per-worker stochastic codec, a shared-seed one and SparseLoCo's chain with
+# error feedback cover it (the simulator's tests take every codec)
+DILOCO = [f"diloco-{codec}-sgd" for codec in ("none", "qsgd:4", "random-k:0.2", "ef-top-k:0.1+quant:2")]
+# every registered algorithm × codec that a synchroniser runs (SGD), from the registries, and the
+# FEATURES of DiLoCo's options (streaming with a compressed chain; NoLoCo)
+GENERATED = {name: (o, hook_of(o)) for name, o in {**combinations(optimizers=False), **{
+    name: FEATURES[name] for name in ("diloco-streaming", "noloco")}}.items()
+    if hook_of(o) is not None and (not name.startswith("diloco-") or name in DILOCO + ["diloco-streaming"])}
+# resumed: all but DiLoCo's codecs (their residuals resume as in local SGD's cases; DiLoCo's
+# per-fragment residuals and outer state in diloco-streaming's)
+RESUMED = [name for name in GENERATED if name not in DILOCO[1:]]
 
 
 def in_threads(work) -> list:
@@ -127,7 +139,7 @@ def assert_like_the_simulator(mine: dict, sim: dict, rank: int) -> None:
     assert 0 <= mine["exact"] <= mine["bound"] * (1 + 1e-9) + 1e-20
 
 
-@pytest.mark.parametrize("name", list(GENERATED) + ["gossip-gradient-target", "gossip-local-frequency"])
+@pytest.mark.parametrize("name", RESUMED + ["gossip-gradient-target", "gossip-local-frequency"])
 def test_a_resumed_run_is_bit_for_bit_the_straight_run(name):
     """state_dicts at a random step before the example's switch or phase boundaries, and at one
     after them, into fresh objects (the step counter, compression references and residuals,
@@ -247,3 +259,21 @@ def test_load_state_dict_of_another_configuration_is_one_line_naming_what_differ
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="a state_dict\\(\\) of a gossamer synchroniser"):
         synchronizer().load_state_dict({"schedule": {}})
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"local_steps": 2, "fragments": 3}, "fragments must be at most local_steps=2"),
+    ({"outer_gamma": 0.5}, "outer_gamma applies only with an outer_topology"),
+    ({"local_steps": 2, "outer_topology": "ring", "fragments": 2}, "outer_topology .NoLoCo. needs compression: none"),
+])
+def test_diloco_hook_refuses_what_the_config_refuses_in_one_line(options, message):
+    from torch import nn
+
+    from gossamer.integrations import DiLoCo
+    from gossamer.registry import ConfigError
+
+    model = nn.Linear(3, 1)
+    with pytest.raises(ConfigError, match=message) as e:
+        DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.7),
+               engine=ThreadedSim(1).engine(0), **options)
+    assert "\n" not in str(e.value)

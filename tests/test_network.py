@@ -160,6 +160,20 @@ def test_local_sgd_pays_one_all_reduce_per_h_steps_and_sign_its_exact_message():
     assert summary["sim_seconds_comm"] == pytest.approx(steps // 3 * 3 * (A1 + message / B1), rel=1e-12)
 
 
+@pytest.mark.parametrize("delay, compute_ms", [(0, 2.0), (1, 0.05), (3, 0.05), (1, 20.0)])
+def test_a_streaming_fragment_runs_behind_the_compute_of_its_delay(delay, compute_ms):
+    """Streaming DiLoCo, H = 4, F = 2: each send all-reduces one fragment, which costs
+    max(0, comm − w·c) with w = min(τ, ⌊H/F⌋) = min(τ, 2) (τ = 0: all of it; c = 20 ms hides all)."""
+    _, summary, run = train_rows("algorithm=diloco", "local_steps=4", "fragments=2", f"fragment_delay={delay}",
+                                 "epochs=1", *NET, f"compute_ms={compute_ms}", "network.count_metrics=false")
+    schedule, c, w = run.schedule, compute_ms / 1000, min(delay, 2)
+    sends = [(j, cols) for t in range(summary["steps"]) for j, cols in enumerate(schedule.fragments)
+             if schedule.sends(j, t)]
+    comm = sum(max(0.0, all_reduce_seconds(cols.stop - (cols.start or 0)) - w * c) for _, cols in sends)
+    assert {j for j, _ in sends} == {0, 1} and (comm == 0) == (delay > 0 and compute_ms == 20.0)
+    assert summary["sim_seconds"] == pytest.approx(summary["steps"] * c + comm, rel=1e-12)
+
+
 @pytest.mark.parametrize("compute_ms", [0.05, 20.0])  # communication longer, and shorter, than the backward
 def test_overlap_hides_the_gradient_all_reduce_behind_the_backward(compute_ms):
     _, summary, _ = train_rows("algorithm=allreduce", "epochs=1", *NET, f"compute_ms={compute_ms}",

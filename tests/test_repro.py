@@ -10,7 +10,9 @@ import yaml
 from conftest import write_cifar
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.repro import KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, PAPER_CONFIGS, SUITES, _slug, build_suite
+from gossamer.report import read_summary
+from gossamer.repro import (KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, LOWCOMM_NETWORKS, PAPER_CONFIGS, SUITES, _slug,
+                            build_suite)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -58,6 +60,16 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
         assert 1 < float(rows["ring n=16"]["n_W(γ)"]) < float(rows["exponential n=16"]["n_W(γ)"]) < 16
         assert mean("allreduce n=16", "mean Ξ² phase 1") < 1e-9 < mean("ring n=16", "mean Ξ² phase 1")
         assert "ρ_s(accuracy, spectral gap) = " in table and "Reading: n = 16: " in table
+
+    if suite == "low-communication":  # DiLoCo sends the model every H steps; the chain ~1/27 of that
+        fast, slow = LOWCOMM_NETWORKS[1], LOWCOMM_NETWORKS[0]
+        for variant in (v.name for v in build_suite(suite, "cpu", quick=True).variants if v.name.endswith(fast)):
+            a, b = (read_summary(out / f"{_slug(v)}-seed0") for v in (variant, variant.replace(fast, slow)))
+            assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
+            assert b["sim_seconds"] > a["sim_seconds"] > 0
+        plain = read_summary(out / f"{_slug('DiLoCo H=2 on ' + fast)}-seed0")
+        assert mean("DiLoCo H=2", "× fewer bytes") == plain["steps"] / plain["comm_rounds"]
+        assert mean("DiLoCo H=2 + ef-top-k:0.03+quant:2", "MB/worker") < mean("DiLoCo H=2", "MB/worker") / 5
 
 
 def test_spearman_ranks_with_ties_and_refuses_a_constant_side():
@@ -168,3 +180,9 @@ def test_local_sgd_at_paper_scale_is_lins_mini_batch_config_measuring_sharpness(
     assert suite.config(large).to_dict() == shipped.to_dict()
     post = next(v for v in suite.variants if v.name == "post-local H=16")
     assert (suite.config(post).algorithm, suite.config(post).local_steps) == ("post-local", 16)
+
+
+def test_low_communication_has_no_paper_scale(capsys):
+    assert main(["repro", "low-communication", "--scale", "paper", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "low-communication has only --scale cpu" in err[0]

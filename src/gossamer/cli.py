@@ -441,11 +441,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = sub.add_parser("compare", help="table of finished runs")
     c.add_argument("runs", nargs="+", type=_path, help="run directories")
-    c.add_argument("--x", choices=list(AXES), help="along steps, epochs or simulated time: length, to target, and "
+    c.add_argument("--x", choices=list(AXES), help="along steps, epochs, simulated time or bytes sent: length, to target, and "
                    "the test metric at the shortest run's length")
     c.set_defaults(func=cmd_compare)
 
-    pl = sub.add_parser("plot", help="test accuracy (or another metric) of runs against simulated time, steps or "
+    pl = sub.add_parser("plot", help="test accuracy (or another metric) of runs against simulated time, bytes sent, steps or "
                         "epochs, in one PNG")
     pl.add_argument("runs", nargs="+", type=_path, help="run directories")
     pl.add_argument("--x", choices=list(AXES), default="steps", help="the x axis (default: steps)")

@@ -28,9 +28,12 @@ engine counted: d float32 values, or the exact bytes of a codec's message.
 **A step** costs its compute c plus its communication, one after the other; with ``overlap``,
 a step whose only communication is the gradient all-reduce (``Schedule.averages_gradients``)
 hides up to the backward pass's share of c, 2/3 (backward ≈ twice the forward's FLOPs), as
-DDP overlaps its bucketed all-reduce with backward: c + max(0, comm − 2c/3). Measurement
-traffic (x̄, Ξ², scalar means, control's probes) is priced apart, as ``sim_seconds_metrics``, and
-costs training time only with ``count_metrics: true`` (a study of measurement's cost).
+DDP overlaps its bucketed all-reduce with backward: c + max(0, comm − 2c/3). An operator that
+may run behind w steps of compute (``Event.behind``: Streaming DiLoCo's fragment, applied τ steps
+after it was sent, w = min(τ, ⌊H/F⌋) so that two fragments never share the link) costs
+max(0, comm − w·c), charged at the step that sends it. Measurement traffic (x̄, Ξ², scalar
+means, control's probes) is priced apart, as ``sim_seconds_metrics``, and costs training time
+only with ``count_metrics: true`` (a study of measurement's cost).
 c is ``compute_ms``: ``measured`` (the simulator's own compute time per step divided by the
 workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's forward and
 backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOPS·10¹²).
@@ -381,7 +384,7 @@ class Clock:
         operators are ``events``; ``workers``: those whose compute :meth:`timed` measured.
         Returns the step's communication not hidden by compute (at speed 1)."""
         c, net = self.compute(workers), self.network
-        algorithm = [(e, net.seconds(e)) for e in events if e.level != METRICS]
+        algorithm = [(e, max(0.0, net.seconds(e) - e.behind * c)) for e in events if e.level != METRICS]
         metrics = self.measurement(events)
         compute = c * self.speeds.factors(t)
         comm = sum(cost for _, cost in algorithm)

@@ -543,8 +543,9 @@ def comparison_table(runs: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-AXES = {"steps": ("step", "step"), "epochs": ("epoch", "epoch"), "time": ("sim_seconds", "simulated time (s)")}
-"""``--x`` of compare and plot: the metric-row key it reads and its label."""
+AXES = {"steps": ("step", "step"), "epochs": ("epoch", "epoch"), "time": ("sim_seconds", "simulated time (s)"),
+        "bytes": ("bytes_per_worker", "bytes sent per worker")}
+"""``--x`` of compare and plot: the metric-row key it reads and its label (bytes: on a log scale)."""
 
 
 def read_rows(path: str | Path) -> list[dict]:
@@ -581,7 +582,7 @@ def _series(name: str, rows: list[dict], x: str, y: str) -> tuple[list[float], l
 
 
 def axis_table(runs: dict[str, Path], x: str) -> str:
-    """A Markdown table of finished runs along ``x`` (steps, epochs or simulated time): the
+    """A Markdown table of finished runs along ``x`` (steps, epochs, simulated time or bytes): the
     headline test metric at the end, the run's length, where it first reached its target, and
     the metric at an equal budget — the shortest run's length (each run's last evaluation at or
     before it)."""
@@ -614,7 +615,7 @@ def plot_runs(runs: dict[str, Path], x: str, y: str | None, out: Path, title: st
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for name, (xs, ys) in series.items():
         ax.plot(xs, ys, label=name, linewidth=1, marker="." if len(xs) < 50 else None)
-    ax.set(xlabel=AXES[x][1], ylabel=y, title=title)
+    ax.set(xlabel=AXES[x][1], ylabel=y, title=title, xscale="log" if x == "bytes" else "linear")
     ax.legend(fontsize=7)
     fig.tight_layout()
     try:

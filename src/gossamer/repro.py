@@ -20,7 +20,9 @@ control from the local estimate with control from the exact Ξ), ``decentralized
 ``heterogeneous`` (non-i.i.d. data: D-SGD, quasi-global momentum, gradient tracking, CHOCO-SGD
 and All-Reduce), ``stragglers`` (slow and jittery workers: synchronous schedules and AD-PSGD on
 per-worker clocks), ``topologies`` (static, time-varying, finite-time and random per-round graphs:
-which of the spectral gap and the effective number of neighbours ranks their accuracy).
+which of the spectral gap and the effective number of neighbours ranks their accuracy),
+``low-communication`` (the DiLoCo family — compressed, streaming, NoLoCo — SPARTA and DeMo
+against all-reduced AdamW: test loss against bytes and simulated time; CPU scale only).
 """
 
 from __future__ import annotations
@@ -356,11 +358,87 @@ def topologies(scale: str, quick: bool) -> Suite:
     return suite
 
 
+
+LOWCOMM_NETWORKS = ("wan-100m", "ethernet-1g")  # between data centres, and a slow cluster
+LOWCOMM_COMPUTE_MS = 10  # one worker's compute per step, assumed (the time columns scale with it)
+
+
+def low_communication(scale: str, quick: bool) -> Suite:
+    """The DiLoCo family against AdamW with the gradient all-reduced every step, on the character
+    Transformer, n = 8: DiLoCo (H inner AdamW steps, outer Nesterov lr 0.7, μ 0.9), DiLoCo with
+    its pseudo-gradients top-k 3 % + 2-bit with error feedback (SparseLoCo's codec), streaming
+    DiLoCo (F = 4 fragments, τ = 5), NoLoCo (the outer step on the one-peer exponential graph),
+    SPARTA (p = 0.005 of the coordinates averaged every step) and DeMo (its sign step, defaults
+    s = 64, k = 32). Each variant trains on each of LOWCOMM_NETWORKS — the same training (a fixed
+    ``compute_ms``, measurement free), only the simulated time differs. CPU scale only: the
+    papers' models (150 M–1 B parameters) are beyond this simulator's CPU budget."""
+    if scale == "paper":
+        raise ConfigError("low-communication has only --scale cpu: its papers train 150M–1B-parameter language "
+                          "models, for which configs/paper has no file")
+    n, H = 8, 2 if quick else 50
+    epochs = 1 if quick else 5
+    size = ["text_chars=3000", "context=16", "width=16", "layers=1", "batch_size=4"] if quick else \
+        ["context=32", "width=32", "layers=2", "batch_size=16"]
+    suite = Suite(f"low-communication: char Transformer, AdamW, n = {n}",
+                  ["dataset=text", "model=transformer", *size, "heads=4", f"epochs={epochs}", "optimizer=adamw",
+                   "lr=0.002", "weight_decay=0", f"warmup_epochs={0 if quick else 1}", "eval_every=1",
+                   f"compute_ms={LOWCOMM_COMPUTE_MS}", "network.count_metrics=false"])
+    diloco = ["algorithm=diloco", f"local_steps={H}"]
+    F, tau = (2, 1) if quick else (4, 5)
+    methods = [("AdamW all-reduce", ["algorithm=allreduce"]),
+               (f"DiLoCo H={H}", diloco),
+               (f"DiLoCo H={H} + ef-top-k:0.03+quant:2", [*diloco, "compression=ef-top-k:0.03+quant:2"]),
+               (f"streaming DiLoCo H={H} F={F} τ={tau}", [*diloco, f"fragments={F}", f"fragment_delay={tau}"]),
+               (f"NoLoCo H={H} one-peer-exp", [*diloco, "outer_topology=one-peer-exponential"]),
+               ("SPARTA p=0.005", ["algorithm=sparta", "sparta_fraction=0.005"]),
+               ("DeMo", ["algorithm=decoupled-momentum", "optimizer=sgd", "momentum=0", "nesterov=false"])]
+    rows = {}
+    for label, overrides in methods:
+        rows[label] = [f"{label} on {net}" for net in LOWCOMM_NETWORKS]
+        suite.variants += [Variant(name, [*overrides, f"network.preset={net}"], n)
+                           for name, net in zip(rows[label], LOWCOMM_NETWORKS)]
+    suite.report = lambda suite, configs, out, seeds: _lowcomm_report(rows, configs, out, seeds)
+    return suite
+
+
+def _lowcomm_report(rows: dict[str, list[str]], configs: dict, out: Path, seeds: int) -> str:
+    """A table of the test loss of x̄, bytes per worker (and the factor fewer than the first row's)
+    and the simulated time on each network; plots of the test loss against bytes per worker and
+    against simulated time on each network (seed 0)."""
+    first = next(iter(rows.values()))
+    nets = [configs[name].network.preset for name in first]
+    summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for names in rows.values() for name in names}
+    metrics = test_metrics([s for runs in summaries.values() for s in runs])
+    base = statistics.mean(s["bytes_per_worker"] for s in summaries[first[0]])
+    head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics], "MB/worker", "× fewer bytes",
+            *[f"{h} on {net}" for net in nets for h in ("s total", "comm")]]
+    lines = [f"Simulated seconds: compute {configs[first[0]].compute_ms} ms a step (assumed) plus the α–β time "
+             f"of every operator of the algorithm; measurement is free. Training is the same on every network.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, names in rows.items():
+        runs = summaries[names[0]]
+        sent = statistics.mean(s["bytes_per_worker"] for s in runs)
+        cells = [label, *[_mean_std([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
+                 _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.3g}"),
+                 f"{base / sent:.3g}" if sent else "∞"]
+        for name in names:
+            cells += [_mean_std([s["sim_seconds"] for s in summaries[name]], "{:.4g}"),
+                      f"{statistics.mean(s['sim_seconds_comm'] / s['sim_seconds'] for s in summaries[name]):.0%}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    plots = {"bytes.png": ("bytes", 0), **{f"time-{net}.png": ("time", i) for i, net in enumerate(nets)}}
+    for file, (x, i) in plots.items():
+        plot_runs({label: out / f"{_slug(names[i])}-seed0" for label, names in rows.items()}, x, None, out / file,
+                  title=file.removesuffix(".png"))
+        lines.append(f"![test loss against {'bytes per worker' if x == 'bytes' else 'simulated time'}]({file})")
+    return "\n".join(lines) + "\n"
+
+
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
                                                    "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
                                                    "time-to-accuracy": time_to_accuracy,
                                                    "heterogeneous": heterogeneous, "stragglers": stragglers,
-                                                   "topologies": topologies}
+                                                   "topologies": topologies, "low-communication": low_communication}
 
 
 def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
@@ -409,12 +487,16 @@ def estimate_work(configs: list[Config], seeds: int = 1) -> str:
 
     steps = samples = train_flops = eval_flops = 0
     datasets: dict = {}
+    flops: dict = {}  # per data set and model
     for cfg in configs:
         data_key = (cfg.dataset, repr(cfg.options["dataset"]))
         if data_key not in datasets:
             datasets[data_key] = load_dataset(cfg)
         data = datasets[data_key]
-        forward, forward_backward = sample_flops(cfg, data)
+        model_key = (*data_key, cfg.model, repr(cfg.options["model"]))
+        if model_key not in flops:
+            flops[model_key] = sample_flops(cfg, data)
+        forward, forward_backward = flops[model_key]
         run_steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
         evaluations = sum((e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs for e in range(cfg.epochs))
         steps += seeds * run_steps

@@ -79,7 +79,8 @@ class DiLoCo(Schedule):
     or, ``compressors`` set, mean_i C(x_outer − x_i + e_i) (an all-gather of the messages); the
     outer optimizer of the fragment (``OuterSGD``: Nesterov SGD, lr ``outer_lr``; in the library
     API the user's own) moves x_outer along −Δ. After step t + τ (``delay``) it is applied:
-    x_i ← α x_i + (1 − α) x_outer (``alpha``; the worker has taken τ more inner steps). One
+    x_i ← α x_i + (1 − α) x_outer (``alpha``; the worker has taken τ more inner steps; the time
+    model lets the send run behind min(τ, ⌊H/F⌋) steps of compute). One
     fragment, τ = 0, α = 0 is DiLoCo: x_i ← x_outer; with outer lr 1 and momentum 0 that is local
     SGD. With an outer ``topology`` (NoLoCo) the round-r outer step of worker i uses its
     neighbours': Δ̄_i = Σ_j w_ij Δ_j, x̄_i = Σ_j w_ij x_outer,j (one gossip round of both), and
@@ -128,14 +129,17 @@ class DiLoCo(Schedule):
                 engine.allreduce_mean_(rows)
         if self.topology is not None:
             self._neighbours_step(engine, X, t)
-        elif self.compressors is None:
-            mean = X[:, cols].clone()
-            engine.allreduce_mean_(mean)
-            self.outers[j].step(outer, outer - mean)
-        else:
-            codec = self.compressors[j]
-            messages = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows))
-            self.outers[j].step(outer, messages.mean(lambda m: codec.codec.decode(m, t)))
+            return
+        # the fragment travels while the next τ steps compute (at most until the next send)
+        with engine.comm.running_behind(min(self.delay, self.local_steps // len(self.fragments))):
+            if self.compressors is None:
+                mean = X[:, cols].clone()
+                engine.allreduce_mean_(mean)
+            else:
+                codec = self.compressors[j]
+                messages = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows))
+        self.outers[j].step(outer, outer - mean if self.compressors is None else
+                            messages.mean(lambda m: codec.codec.decode(m, t)))
 
     def _neighbours_step(self, engine, X: torch.Tensor, t: int) -> None:
         d = X.shape[1]
@@ -207,11 +211,8 @@ class DiLoCoOptions:
                           "(SparseLoCo), streaming (fragments) or on an outer topology (NoLoCo)")
 def _diloco(cfg, ctx: Context) -> DiLoCo:
     fragments = fragment_columns(ctx.numels, cfg.fragments)
-    if ctx.outer_optimizer is not None and len(fragments) > 1:
-        raise ConfigError("fragments > 1 needs the config's outer optimizer (outer_lr, outer_momentum), "
-                          "not a user's outer optimizer")
-    outers = [ctx.outer_optimizer] if ctx.outer_optimizer else \
-        [OuterSGD(cfg.outer_lr, cfg.outer_momentum) for _ in fragments]
+    outers = [ctx.outer_optimizer(cols) if ctx.outer_optimizer else OuterSGD(cfg.outer_lr, cfg.outer_momentum)
+              for cols in fragments]
     compressors = None if cfg.compression == "none" else \
         [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed)
          for cols in fragments]

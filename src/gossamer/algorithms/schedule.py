@@ -86,7 +86,7 @@ class Context:
     total_steps: int | None = None  # steps the run takes (None: open-ended, a user's training loop)
     buffer_rows: list[torch.Tensor] = field(default_factory=list)  # buffers averaged with the parameters
     keep_change: bool = False  # gossip: each round's local change also on steps not measured (the hooks' estimate)
-    outer_optimizer: object | None = None  # DiLoCo: a user's outer optimizer instead of the config's
+    outer_optimizer: object | None = None  # DiLoCo: fragment's columns -> a user's outer optimizer on them
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,13 +19,15 @@ class Event:
     ``op``: ``allreduce`` (of a vector of ``nbytes``), ``allgather`` (one ``nbytes`` message per
     member) or ``gossip`` (every worker's ``nbytes`` model to the workers that mix it in, as
     ``mixing`` says); ``group``: the workers taking part, consecutive and aligned to a multiple
-    of ``group`` (all n, or a block); ``level``: one of :data:`LEVELS`, or ``metrics``."""
+    of ``group`` (all n, or a block); ``level``: one of :data:`LEVELS`, or ``metrics``;
+    ``behind``: the steps of compute it may run behind (Streaming DiLoCo's delayed fragments)."""
 
     op: str
     group: int
     nbytes: float
     level: str
     mixing: Any = None
+    behind: int = 0
 
 
 @dataclass
@@ -54,6 +57,16 @@ class CommStats:
 
     def __post_init__(self) -> None:
         self.events: list[Event] | None = None  # not a field: never in the state
+        self.behind = 0  # the steps of compute the operators recorded now may run behind
+
+    @contextlib.contextmanager
+    def running_behind(self, steps: int):
+        """Operators recorded inside run in the background of the next ``steps`` steps' compute."""
+        self.behind = steps
+        try:
+            yield
+        finally:
+            self.behind = 0
 
     def record(self) -> None:
         """Keep every operator from now on as an :class:`Event`."""
@@ -68,7 +81,7 @@ class CommStats:
 
     def _add(self, event: Event, messages: float, nbytes: float) -> None:
         if self.events is not None:
-            self.events.append(event)
+            self.events.append(dataclasses.replace(event, behind=self.behind) if self.behind else event)
         if event.level == METRICS:
             self.bytes_per_worker_metrics += nbytes
             return

@@ -126,6 +126,10 @@ class Synchronizer:
         """What this synchroniser adds to the schedule's :class:`~gossamer.algorithms.Context`."""
         return {}
 
+    def _ended_synced(self) -> bool:
+        """Whether the step just taken ended with every model x̄: it averaged the gradients or the models globally."""
+        return self.engine.comm.rounds_by_level["global"] > self._global_rounds
+
     # ------------------------------------------------------------------ the step hooks
 
     def _before_step(self, optimizer, args, kwargs):
@@ -162,8 +166,7 @@ class Synchronizer:
     def _after_step(self, optimizer, args, kwargs) -> None:
         self._bind_optimizer_state()
         metrics = self.schedule.after_step(self.engine, self.X, self._step)
-        # a global average of the gradients or of the models in this step: every model is x̄ now
-        self.synced = self.engine.comm.rounds_by_level["global"] > self._global_rounds
+        self.synced = self._ended_synced()
         if self.synced:
             self.anchor.copy_(self.X)
         self.last_metrics = metrics
@@ -383,21 +386,43 @@ class DiLoCo(Synchronizer):
     model.parameters(), lr=0.7, momentum=0.9, nesterov=True)``, the paper's); at an outer step
     the parameters hold x_outer and their ``.grad`` holds Δ while it steps. Each worker keeps its
     inner optimizer's state across outer steps (as the DiLoCo paper does).
+
+    The low-communication variants, as ``gossamer train``'s keys (:mod:`gossamer.algorithms.diloco`):
+    ``compression`` (SparseLoCo: each worker's Δ_i = x_outer − x_i compressed, all-gathered, with
+    error feedback under ``ef-``); ``fragments`` F, ``fragment_delay`` τ, ``fragment_alpha`` α
+    (Streaming DiLoCo: fragment j — a run of whole parameter tensors — sent at steps ≡ ⌊jH/F⌋ mod H,
+    applied τ steps later as x_i ← α x_i + (1 − α) x_outer; the outer optimizer steps only that
+    fragment's parameters, the others' ``.grad`` None, so one torch optimizer whose state is per
+    parameter — SGD, Adam, AdamW — is an outer optimizer per fragment); ``outer_topology`` and
+    ``outer_gamma`` (NoLoCo: Δ and x_outer averaged with the topology's neighbours, the pull
+    γ (x_outer,i − x̄_i) added to the outer gradient the optimizer steps on).
     """
 
     algorithm = "diloco"
 
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer,
-                 outer_optimizer: torch.optim.Optimizer, local_steps: int = 1, **kwargs):
+                 outer_optimizer: torch.optim.Optimizer, local_steps: int = 1, *, compression: str = "none",
+                 fragments: int = 1, fragment_delay: int = 0, fragment_alpha: float = 0.0,
+                 outer_topology: str = "none", outer_gamma: float = 1.0, **kwargs):
         inner = {id(p) for group in inner_optimizer.param_groups for p in group["params"]}
         outer = {id(p) for group in outer_optimizer.param_groups for p in group["params"]}
         if outer != inner:
             raise ConfigError("outer_optimizer must optimise the same parameters as the inner optimizer")
         self.outer_optimizer = outer_optimizer
-        super().__init__(model, inner_optimizer, {"local_steps": local_steps}, **kwargs)
+        options = {"local_steps": local_steps, "compression": compression, "fragments": fragments,
+                   "fragment_delay": fragment_delay, "fragment_alpha": fragment_alpha,
+                   "outer_topology": outer_topology, "outer_gamma": outer_gamma}
+        super().__init__(model, inner_optimizer, options, **kwargs)
 
     def _context(self) -> dict:
-        return {"outer_optimizer": _TorchOuter(self)}  # the user's outer optimizer instead of the CLI's OuterSGD
+        # the user's outer optimizer on each fragment's columns instead of the CLI's OuterSGD
+        return {"outer_optimizer": lambda cols: _TorchOuter(self, cols)}
+
+    def _ended_synced(self) -> bool:
+        """Every model is x_outer, the same on every worker, only where the whole row is applied
+        unmixed (one fragment, α = 0, no outer topology): τ steps after a send."""
+        s = self.schedule
+        return len(s.fragments) == 1 and s.topology is None and not s.alpha and s.sends(0, self._step.t - s.delay)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "outer_optimizer": self.outer_optimizer.state_dict()}
@@ -408,22 +433,32 @@ class DiLoCo(Synchronizer):
 
 
 class _TorchOuter:
-    """The user's torch optimizer as DiLoCo's outer optimizer (:class:`gossamer.algorithms.OuterOptimizer`):
-    the parameters (views into X) take x_outer and their gradients Δ; it steps; x_outer ← X."""
+    """The user's torch optimizer as DiLoCo's outer optimizer of the columns ``cols`` (a fragment of
+    whole parameter tensors; :class:`gossamer.algorithms.OuterOptimizer`): the fragment's parameters
+    (views into X) take x_outer and their gradients Δ, the others' gradients are None (so the
+    optimizer leaves them and their state alone); it steps; x_outer ← X; the worker's own
+    parameters are put back (they are applied τ steps later, in the schedule)."""
 
-    def __init__(self, sync: DiLoCo):
+    def __init__(self, sync: DiLoCo, cols: slice):
         self.sync = sync
+        self.cols = cols
+        start, stop, _ = cols.indices(sync.d)
+        self.names = {s.name for s in sync.slots if start <= s.offset < stop}
 
     def start(self, x_outer: torch.Tensor) -> None:
         pass
 
     def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor) -> None:
-        sync = self.sync
-        sync.X.copy_(x_outer)
-        sync.G.copy_(pseudo_gradient)
-        bind_row(sync.module, sync.slots, sync.X[0], grads=sync.G[0])  # .grad = Δ
+        sync, cols = self.sync, self.cols
+        own = sync.X[:, cols].clone()
+        sync.X[:, cols] = x_outer
+        sync.G[:, cols] = pseudo_gradient
+        for s in sync.slots:
+            sync.module.get_parameter(s.name).grad = \
+                sync.G[0, s.offset : s.offset + s.numel].view(s.shape) if s.name in self.names else None
         sync.outer_optimizer.step()
-        x_outer.copy_(sync.X)
+        x_outer.copy_(sync.X[:, cols])
+        sync.X[:, cols] = own
 
     def state_dict(self) -> dict:
         return {}  # the outer optimizer's state is saved by DiLoCo.state_dict
