@@ -30,7 +30,9 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     assert plots and all((out / p).stat().st_size > 10_000 for p in plots)
     assert main(["repro", suite, "--quick", "--out", str(out)]) == 2  # a finished suite is not overwritten
     assert main(["repro", suite, "--quick", "--out", str(tmp_path / "other"), "--set", "colour=red"]) == 2
-    main_table, _, estimates = table.partition("## Control from the local estimate")
+    tables, paired, differences = table.partition("## Paired differences against the baseline")
+    assert paired and "| mean Δ | interval excludes 0 |" in differences  # every suite: variants against baselines
+    main_table, _, estimates = tables.partition("## Control from the local estimate")
     cells = [[c.strip() for c in line.strip("| ").split(" | ")] for line in main_table.splitlines()
              if line.startswith("| ")]
     rows = {row[0]: dict(zip(cells[0], row)) for row in cells[1:]}
@@ -92,7 +94,7 @@ def the_network_changes_time_not_training(out, table: str) -> None:
         assert b["sim_seconds"] > a["sim_seconds"] > 0 and b["sim_seconds_to_target"] >= a["sim_seconds_to_target"]
     assert f"s to target on {fast}" in table and f"s to target on {slow}" in table
     ctrl = next(line for line in table.splitlines() if line.startswith("| ctrl-phase-1 c=1/4"))
-    assert float(ctrl.split(" | ")[-1].split(" ± ")[0]) > 0
+    assert float(ctrl.split(" | ")[-1].split(" ")[0]) > 0  # "cost [± interval] / benefit"
 
 
 # the shipped file that each paper-scale variant is (up to the reference run of controlled ones)

@@ -21,7 +21,7 @@ import torch
 from . import __version__
 from .checkpoint import check_checkpoint, check_resumable, restore
 from .codecs import CODECS
-from .config import KINDS, ConfigError, from_dict, load_config
+from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
 from .network import PRESETS, NetworkConfig
 from .report import (AXES, COMPARED, RunDir, RunLock, axis_table, comparison_table, load_checkpoint, plot_runs,
                      read_rows, read_summary, reference_trajectory, saved_config)
@@ -373,12 +373,15 @@ def cmd_repro(args) -> int:
     """A paper experiment suite: every variant × seed, then results.md and its plots."""
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
+    if not 0 <= args.first_seed <= SEED_LIMIT - args.seeds:
+        raise ConfigError(f"--first-seed must be an integer in [0, 2**44 - seeds], got {args.first_seed}")
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite and not args.dry_run:
         raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
     results = run_suite(args.suite, out, args.seeds, args.quick,
                         lambda cfg, run_out: run_training(cfg, run_out, overwrite=True, progress=False),
-                        overrides=args.set, scale=args.scale, dry_run=args.dry_run)
+                        overrides=args.set, scale=args.scale, dry_run=args.dry_run, first_seed=args.first_seed,
+                        tune_grid=args.tune)
     if results is None:
         return 0
     print(results.read_text())
@@ -465,7 +468,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("suite", choices=list(SUITES))
     r.add_argument("--scale", choices=SCALES, default="cpu",
                    help="cpu: a small workload two CPU cores run (default); paper: the papers' configs in configs/paper/ (GPUs)")
-    r.add_argument("--seeds", type=int, default=1, help="seeds per variant (mean ± std over them)")
+    r.add_argument("--seeds", type=int, default=1,
+                   help="seeds per variant (mean ± 95%% Student t interval over them; paired differences)")
+    r.add_argument("--first-seed", type=int, default=0, metavar="S", help="run seeds S ... S+SEEDS-1 (default 0)")
+    r.add_argument("--tune", metavar="KEY=[V1,...]",
+                   help="first train each baseline at every value on a validation split of the training set, then "
+                        "run every variant at its baseline's best (e.g. lr=[0.001,0.0025,0.005])")
     r.add_argument("--out", type=_path,
                    help="where the runs, results.md and the plot go (default runs/repro-SUITE-TIME)")
     r.add_argument("--quick", action="store_true", help="tiny smoke-test version of --scale cpu (about a minute)")

@@ -83,6 +83,9 @@ class Config:
     # or "recompute" (re-estimated with x̄ on training batches); None: "average" where the model has them
     bn_eval: str | None = None
     seed: int = 0
+    # a fraction of the training set held out (drawn from the seed) and evaluated as val_* beside the
+    # test set; None (= 0): train on all of it, nothing held out
+    validation_fraction: float | None = None
     eval_every: int = 1  # epochs
     # the local models evaluated for the *_local_mean metrics: all, none, or K drawn once from the seed
     eval_local: int | str = "all"
@@ -153,6 +156,8 @@ class Config:
                                                           and 1 <= self.eval_local <= self.workers):
             raise ConfigError(f"eval_local must be all, none or a number of workers in [1, workers={self.workers}], "
                               f"got {short(self.eval_local)}")
+        if self.validation_fraction is not None and not 0 <= self.validation_fraction < 1:
+            raise ConfigError(f"validation_fraction must be in [0, 1), got {self.validation_fraction}")
         if not 0 < self.dirichlet_alpha <= 1e6:  # beyond 1e6 the split is i.i.d. (partition=iid); numpy's draw underflows
             raise ConfigError(f"dirichlet_alpha must be in (0, 1e6], got {self.dirichlet_alpha}")
         self._validate_time()

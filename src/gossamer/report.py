@@ -606,6 +606,53 @@ def axis_table(runs: dict[str, Path], x: str) -> str:
     return "\n".join(lines)
 
 
+CONFIDENCE = 0.95  # the level of every interval over seeds in the repro tables
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The q-quantile (1/2 < q < 1) of Student's t with ``df`` ≥ 1 degrees of freedom: the root t
+    of A(t|ν) = P(|T| ≤ t) = 2q − 1, with A in closed form for integer ν (Abramowitz & Stegun
+    26.7.3–4), θ = atan(t/√ν): ν odd, A = (2/π)(θ + sinθ cosθ Σ_{k<(ν−1)/2} c_k cos^{2k}θ) with
+    c_0 = 1, c_k = c_{k−1}·2k/(2k+1); ν even, A = sinθ Σ_{k<ν/2} c_k cos^{2k}θ with c_0 = 1,
+    c_k = c_{k−1}(2k−1)/(2k). A rises with θ on (0, π/2): bisection, then t = √ν tanθ."""
+    if not (0.5 < q < 1 and isinstance(df, int) and df >= 1):
+        raise ValueError(f"t_quantile needs 1/2 < q < 1 and an integer df >= 1, got q={q}, df={df}")
+
+    def prob(theta: float) -> float:  # A(√ν tanθ | ν)
+        c2, total, c = math.cos(theta) ** 2, 0.0, 1.0
+        for k in range((df - 1) // 2 if df % 2 else df // 2):
+            c = c * (2 * k / (2 * k + 1) if df % 2 else (2 * k - 1) / (2 * k)) if k else 1.0
+            total += c * c2 ** k
+        if df % 2:
+            return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+        return math.sin(theta) * total
+
+    lo, hi = 0.0, math.pi / 2
+    for _ in range(100):  # (π/2)·2⁻¹⁰⁰: far below float resolution
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if prob(mid) < 2 * q - 1 else (lo, mid)
+    return math.sqrt(df) * math.tan((lo + hi) / 2)
+
+
+def mean_ci(values: list[float], level: float = CONFIDENCE) -> tuple[float, float | None]:
+    """(mean, half-width) of the Student t interval for the mean of K values: x̄ ± t_{(1+level)/2,
+    K−1}·s/√K, s the sample standard deviation (None with one value: no interval). A paired
+    difference is this interval of the per-seed differences."""
+    k = len(values)
+    mean = sum(values) / k
+    if k == 1:
+        return mean, None
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (k - 1))
+    return mean, t_quantile((1 + level) / 2, k - 1) * s / math.sqrt(k)
+
+
+def ci_cell(values: list[float], fmt: str) -> str:
+    """"mean ± half-width" of :func:`mean_ci` in ``fmt`` (the half-width unsigned); the mean alone
+    for one value."""
+    mean, half = mean_ci(values)
+    return fmt.format(mean) if half is None else f"{fmt.format(mean)} ± {fmt.replace('+', '').format(half)}"
+
+
 def plot_runs(runs: dict[str, Path], x: str, y: str | None, out: Path, title: str = "") -> None:
     """One PNG: ``y`` (default: the runs' headline test metric) against ``x`` for every run."""
     rows = {name: read_rows(path) for name, path in runs.items()}
@@ -654,9 +701,8 @@ def plot_consensus(metrics: dict[str, Path], phase_epochs: list[float], out: Pat
 
 def plot_tradeoff(summaries: dict[str, list[dict]], out: Path, title: str) -> None:
     """The test metric of x̄ against communication rounds (log scale) and, where every run measured
-    it, against sharpness: one point per variant, mean ± std over its seeds' summaries."""
-    import statistics
-
+    it, against sharpness: one point per variant, mean ± the 95 % interval over its seeds' summaries
+    (:func:`mean_ci`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -671,9 +717,9 @@ def plot_tradeoff(summaries: dict[str, list[dict]], out: Path, title: str) -> No
     for ax, (key, label, scale) in zip(axes[0], panels):
         for name, group in summaries.items():
             x, y = [s[key] for s in group], [s[metric] for s in group]
-            spread = [statistics.stdev(v) if len(v) > 1 else 0.0 for v in (x, y)]
-            point = statistics.mean(x), statistics.mean(y)
-            ax.errorbar(*point, xerr=spread[0], yerr=spread[1], fmt="o", capsize=3, markersize=4)
+            (mx, hx), (my, hy) = mean_ci(x), mean_ci(y)
+            point = mx, my
+            ax.errorbar(*point, xerr=hx or 0.0, yerr=hy or 0.0, fmt="o", capsize=3, markersize=4)
             ax.annotate(name, point, textcoords="offset points", xytext=(4, 3), fontsize=6)
         ax.set(xscale=scale, xlabel=label, ylabel=f"{metric.replace('_', ' ')} (x̄)")
     fig.suptitle(title, fontsize=10)

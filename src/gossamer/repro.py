@@ -1,11 +1,14 @@
 """``gossamer repro``: the papers' experiments, at the papers' scale or at a scale two CPU cores run.
 
-A suite is a list of variants (config overrides) run for several seeds; it writes every run,
-``results.md`` (mean ± std over seeds of the test metrics, Ξ² per learning-rate phase,
-communication, and where measured the sharpness of x̄ and the rounds frequency control saved), a
-plot of Ξ² over training with the phases marked and one of the test metric against communication
+A suite is a list of variants (config overrides) run for seeds S … S+K−1 (``--first-seed``,
+``--seeds``); it writes every run, ``results.md`` (mean ± the 95 % Student t interval over seeds
+of the test metrics, Ξ² per learning-rate phase, communication, and where measured the sharpness
+of x̄ and the rounds frequency control saved), a plot of Ξ² over training with the phases marked and one of the test metric against communication
 (and against sharpness, where measured); ``time-to-accuracy`` instead its tables of simulated time
-to a target accuracy and plots of accuracy against it. Suites: ``ring-scaling``,
+to a target accuracy and plots of accuracy against it. Every results.md ends with each variant's
+paired difference from its baseline (the same seed: the same initial model and batches) and its
+interval. ``--tune KEY=[...]`` first tunes each baseline on a validation split of the training
+set (:func:`tune`) and runs every variant at its baseline's choice. Suites: ``ring-scaling``,
 ``consensus-phases``, ``decentralized-adam`` (Kong et al.), ``local-sgd`` (Lin et al.),
 ``time-to-accuracy`` (both).
 
@@ -35,8 +38,10 @@ from typing import Callable
 
 import torch
 
-from .config import Config, ConfigError, load_config
-from .report import axis_table, plot_consensus, plot_runs, plot_tradeoff, read_rows, read_summary, test_metrics
+from .config import Config, ConfigError, load_config, parse_yaml
+from .registry import short
+from .report import (CONFIDENCE, axis_table, ci_cell, mean_ci, plot_consensus, plot_runs, plot_tradeoff, read_rows,
+                     read_summary, test_metrics)
 from .train import reached_target
 
 SCALES = ("cpu", "paper")
@@ -45,12 +50,22 @@ PAPER_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "paper"
 
 @dataclass
 class Variant:
-    """One line of a suite: a name and its config overrides (``{ref}`` = the seed's reference run)."""
+    """One line of a suite: a name and its config overrides (``{ref}`` = the seed's reference run);
+    ``baseline``: the variant it is compared with, seed by seed, and whose tuned value it runs at
+    (None: it is a baseline itself)."""
 
     name: str
     overrides: list[str]
     workers: int
     base_file: str | None = None  # paper scale: this variant's configs/paper file, if not the suite's
+    baseline: str | None = None
+
+
+def _against(baseline: Variant, variants: list[Variant]) -> list[Variant]:
+    """``baseline``, then ``variants``, each compared with it."""
+    for v in variants:
+        v.baseline = baseline.name
+    return [baseline, *variants]
 
 
 @dataclass
@@ -63,15 +78,16 @@ class Suite:
     base_file: str | None = None  # paper scale: the configs/paper file every variant starts from
     report: Callable | None = None  # (suite, configs, out, seeds) → results.md body, plots written; default: Ξ²
 
-    def config(self, v: Variant, seed: int = 0, ref: str = "REF") -> Config:
-        """The config of variant ``v`` for one seed (``ref``: the reference run's directory)."""
+    def config(self, v: Variant, seed: int = 0, ref: str = "REF", extra: list[str] = ()) -> Config:
+        """The config of variant ``v`` for one seed (``ref``: the reference run's directory), with
+        ``extra`` overrides last."""
         path, name = None, v.base_file or self.base_file
         if name is not None:
             path = PAPER_CONFIGS / name
             if not path.is_file():
                 raise ConfigError(f"--scale paper reads {path}, which is missing: run from a source checkout of gossamer")
         return load_config(path, [*self.base, f"workers={v.workers}", f"seed={seed}",
-                                  *[o.replace("{ref}", ref) for o in v.overrides]])
+                                  *[o.replace("{ref}", ref) for o in v.overrides], *extra])
 
 
 def _base(quick: bool, epochs: int) -> list[str]:
@@ -95,11 +111,10 @@ def ring_scaling(scale: str, quick: bool) -> Suite:
     else:
         suite = Suite("ring-scaling: test accuracy and Ξ² as n grows", _base(quick, 4 if quick else 40))
     for n in sizes:
-        suite.variants += [
-            Variant(f"allreduce n={n}", ["algorithm=allreduce"], n),
+        suite.variants += _against(Variant(f"allreduce n={n}", ["algorithm=allreduce"], n), [
             Variant(f"ring n={n}", ["algorithm=gossip", "topology=ring"], n),
             Variant(f"one-peer-exp n={n}", ["algorithm=gossip", "topology=one-peer-exponential"], n),
-        ]
+        ])
     return suite
 
 
@@ -139,6 +154,7 @@ def consensus_phases(scale: str, quick: bool) -> Suite:
                                               "consensus.action=frequency", f"consensus.max_local_steps={FREQUENCY_MAX}"],
                   n) for label, c in (("1/2", 0.5), ("1/4", 0.25))],
     ]
+    suite.variants = _against(suite.variants[0], suite.variants[1:])
     return suite
 
 
@@ -162,11 +178,10 @@ def decentralized_adam(scale: str, quick: bool) -> Suite:
                        f"epochs={epochs}", f"milestones=[{epochs / 2},{epochs * 3 / 4}]", "optimizer=adam",
                        "lr=0.001", f"warmup_epochs={0 if quick else 1}", f"eval_every={1 if quick else 4}"])
     gossip = ["algorithm=gossip", "topology=ring"]
-    suite.variants = [
-        Variant("allreduce adam", ["algorithm=allreduce"], n),
+    suite.variants = _against(Variant("allreduce adam", ["algorithm=allreduce"], n), [
         Variant("ring adam, local moments", gossip, n),
         Variant("ring adam, moments averaged", [*gossip, "average_optimizer_state=true"], n),
-    ]
+    ])
     return suite
 
 
@@ -191,7 +206,8 @@ def heterogeneous(scale: str, quick: bool) -> Suite:
     for label, partition in (("α=0.1", ["partition=dirichlet", "dirichlet_alpha=0.1"]),
                              ("α=1", ["partition=dirichlet", "dirichlet_alpha=1"]),
                              ("iid", ["partition=iid"])):
-        suite.variants += [Variant(f"{name} {label}", [*overrides, *partition], n) for name, overrides in algorithms]
+        runs = [Variant(f"{name} {label}", [*overrides, *partition], n) for name, overrides in algorithms]
+        suite.variants += _against(runs[0], runs[1:])
     return suite
 
 
@@ -207,14 +223,13 @@ def local_sgd(scale: str, quick: bool) -> Suite:
     else:
         suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), "sharpness=true"])
     block = 2 if quick else 4
-    suite.variants = [
-        Variant("small-batch (1 worker)", ["algorithm=allreduce"], 1),
-        Variant(f"large-batch (All-Reduce, n={n})", ["algorithm=allreduce"], n),
-        *[Variant(f"local H={h}", ["algorithm=local", f"local_steps={h}"], n) for h in (4, 16)],
-        *[Variant(f"post-local H={h}", ["algorithm=post-local", f"local_steps={h}"], n) for h in (4, 16)],
-        Variant(f"hierarchical H=4, H_b=4, blocks of {block}",
-                ["algorithm=hierarchical", "local_steps=4", "block_rounds=4", f"block_size={block}"], n),
-    ]
+    # the small batch at n = 1 is a baseline of its own (tuned at its n); the rest are compared with the large batch
+    suite.variants = [Variant("small-batch (1 worker)", ["algorithm=allreduce"], 1), *_against(
+        Variant(f"large-batch (All-Reduce, n={n})", ["algorithm=allreduce"], n), [
+            *[Variant(f"local H={h}", ["algorithm=local", f"local_steps={h}"], n) for h in (4, 16)],
+            *[Variant(f"post-local H={h}", ["algorithm=post-local", f"local_steps={h}"], n) for h in (4, 16)],
+            Variant(f"hierarchical H=4, H_b=4, blocks of {block}",
+                    ["algorithm=hierarchical", "local_steps=4", "block_rounds=4", f"block_size={block}"], n)])]
     return suite
 
 
@@ -260,12 +275,16 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
            ("hierarchical H=2 H_b=8", ["algorithm=hierarchical", f"block_size={per_node}", "local_steps=2",
                                        "block_rounds=8"])]
     lin_rows = {}
-    for net in LIN_NETWORKS:
+    for net in LIN_NETWORKS:  # per network: the small mini-batch the baseline; the large one (its own lr) one too
+        runs = []
         for label, overrides in lin:
             name = f"{label} on {net}"
             lin_rows.setdefault(label, []).append(name)
-            suite.variants.append(Variant(name, [*overrides, f"network.preset={net}",
-                                                 f"network.workers_per_node={per_node}", *free], n_lin, lin_file))
+            runs.append(Variant(name, [*overrides, f"network.preset={net}", f"network.workers_per_node={per_node}",
+                                       *free], n_lin, lin_file))
+        for v in runs[2:]:
+            v.baseline = runs[0].name
+        suite.variants += runs
     gossip = ["algorithm=gossip", "topology=ring"]
     control = ["phases=[controlled,allreduce,allreduce]", "consensus.target=run:{ref}", "consensus.max_extra_rounds=1000"]
     kong = [(f"All-Reduce n={n_kong}", ["algorithm=allreduce"]),
@@ -274,8 +293,9 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
             (uncontrolled, [*gossip, "phases=[gossip,allreduce,allreduce]"]),
             (f"ctrl-phase-1 c=1/2 n={n_kong}", [*gossip, *control, "consensus.factor=0.5"]),
             (f"ctrl-phase-1 c=1/4 n={n_kong}", [*gossip, *control, "consensus.factor=0.25"])]
-    suite.variants += [Variant(name, [*overrides, f"network.preset={KONG_NETWORK}", *free], n_kong, kong_file)
-                       for name, overrides in kong]
+    runs = [Variant(name, [*overrides, f"network.preset={KONG_NETWORK}", *free], n_kong, kong_file)
+            for name, overrides in kong]
+    suite.variants += _against(runs[0], runs[1:])
     suite.report = lambda suite, configs, out, seeds: _time_report(lin_rows, [name for name, _ in kong], uncontrolled,
                                                                    configs, out, seeds)
     return suite
@@ -300,16 +320,17 @@ def stragglers(scale: str, quick: bool) -> Suite:
                   "D-SGD one-peer-exp": ["algorithm=gossip", "topology=one-peer-exponential"],
                   "AD-PSGD ring": ["algorithm=ad-psgd", "topology=ring"]}
     suite = Suite(f"stragglers: slow and uneven workers (n = {n}, {STRAGGLER_NETWORK})", base)
-    suite.variants = [Variant(f"{name}, {speed}", [*overrides, *slow], n)
-                      for speed, slow in SPEEDS.items() for name, overrides in algorithms.items()]
+    for speed, slow in SPEEDS.items():
+        runs = [Variant(f"{name}, {speed}", [*overrides, *slow], n) for name, overrides in algorithms.items()]
+        suite.variants += _against(runs[0], runs[1:])
     suite.report = lambda suite, configs, out, seeds: _straggler_report(list(algorithms), configs, out, seeds)
     return suite
 
 
-def _straggler_report(algorithms: list[str], configs: dict, out: Path, seeds: int) -> str:
+def _straggler_report(algorithms: list[str], configs: dict, out: Path, seeds: range) -> str:
     """Per speed setting: a table over seeds (test accuracy, simulated seconds to the target and in
-    total, idle fraction, final Ξ²), the accuracy at equal simulated time (seed 0:
-    :func:`gossamer.report.axis_table`) and a plot of accuracy against simulated time."""
+    total, idle fraction, final Ξ²), the accuracy at equal simulated time (the first
+    seed: :func:`gossamer.report.axis_table`) and a plot of accuracy against simulated time."""
     head = ["variant", "test acc", "s to target", "s total", "idle", "final Ξ²"]
     lines = [f"Simulated seconds: compute {next(iter(configs.values())).compute_ms} ms a step (× each worker's "
              f"factor) plus the α–β time of every operator, on per-worker clocks.", ""]
@@ -319,15 +340,15 @@ def _straggler_report(algorithms: list[str], configs: dict, out: Path, seeds: in
         for name in names:
             runs = [read_summary(r) for r in _runs(name, out, seeds)]
             lines.append("| " + " | ".join([
-                name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
+                name, ci_cell([s["test_accuracy"] for s in runs], "{:.4f}"),
                 _to_target(_at_target(_runs(name, out, seeds), configs[name]), "sim_seconds", "{:.3f}"),
-                _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
-                _mean_std([100 * s["sim_seconds_idle_fraction"] for s in runs], "{:.0f} %"),
-                _mean_std([s["final_consensus_distance_sq"] for s in runs], "{:.2e}")]) + " |")
-        seed0 = {name: out / f"{_slug(name)}-seed0" for name in names}
+                ci_cell([s["sim_seconds"] for s in runs], "{:.3f}"),
+                ci_cell([100 * s["sim_seconds_idle_fraction"] for s in runs], "{:.0f} %"),
+                ci_cell([s["final_consensus_distance_sq"] for s in runs], "{:.2e}")]) + " |")
+        seed0 = {name: out / f"{_slug(name)}-seed{seeds[0]}" for name in names}
         file = f"{_slug(speed)}.png"
         plot_runs(seed0, "time", None, out / file, title=speed)
-        lines += ["", "Seed 0 at equal simulated time:", "", axis_table(seed0, "time"), "",
+        lines += ["", f"Seed {seeds[0]} at equal simulated time:", "", axis_table(seed0, "time"), "",
                   f"![test accuracy against simulated time]({file})", ""]
     return "\n".join(lines) + "\n"
 
@@ -351,9 +372,9 @@ def topologies(scale: str, quick: bool) -> Suite:
     else:
         suite = Suite("topologies: D-SGD over each topology, equal gossip rounds", _base(quick, 4 if quick else 40))
     for n in sizes:
-        suite.variants.append(Variant(f"allreduce n={n}", ["algorithm=allreduce"], n))
-        suite.variants += [Variant(f"{label} n={n}", ["algorithm=gossip", f"topology={spec}"], n)
-                           for label, spec in TOPOLOGY_VARIANTS]
+        suite.variants += _against(Variant(f"allreduce n={n}", ["algorithm=allreduce"], n),
+                                   [Variant(f"{label} n={n}", ["algorithm=gossip", f"topology={spec}"], n)
+                                    for label, spec in TOPOLOGY_VARIANTS])
     suite.report = _topologies_report
     return suite
 
@@ -392,11 +413,10 @@ def low_communication(scale: str, quick: bool) -> Suite:
                (f"NoLoCo H={H} one-peer-exp", [*diloco, "outer_topology=one-peer-exponential"]),
                ("SPARTA p=0.005", ["algorithm=sparta", "sparta_fraction=0.005"]),
                ("DeMo", ["algorithm=decoupled-momentum", "optimizer=sgd", "momentum=0", "nesterov=false"])]
-    rows = {}
-    for label, overrides in methods:
-        rows[label] = [f"{label} on {net}" for net in LOWCOMM_NETWORKS]
-        suite.variants += [Variant(name, [*overrides, f"network.preset={net}"], n)
-                           for name, net in zip(rows[label], LOWCOMM_NETWORKS)]
+    rows = {label: [f"{label} on {net}" for net in LOWCOMM_NETWORKS] for label, _ in methods}
+    for net in LOWCOMM_NETWORKS:  # on each network, all-reduced AdamW is the baseline
+        runs = [Variant(f"{label} on {net}", [*overrides, f"network.preset={net}"], n) for label, overrides in methods]
+        suite.variants += _against(runs[0], runs[1:])
     suite.report = lambda suite, configs, out, seeds: _lowcomm_report(rows, configs, out, seeds)
     return suite
 
@@ -413,16 +433,17 @@ def _lowcomm_report(rows: dict[str, list[str]], configs: dict, out: Path, seeds:
     head = ["variant", *[f"{x_bar} (x̄)" for _, x_bar, _, _ in metrics], "MB/worker", "× fewer bytes",
             *[f"{h} on {net}" for net in nets for h in ("s total", "comm")]]
     lines = [f"Simulated seconds: compute {configs[first[0]].compute_ms} ms a step (assumed) plus the α–β time "
-             f"of every operator of the algorithm; measurement is free. Training is the same on every network.", "",
+             f"of every operator of the algorithm; measurement is free. Training is the same on every network. "
+             f"Mean ± 95 % interval over seeds.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, names in rows.items():
         runs = summaries[names[0]]
         sent = statistics.mean(s["bytes_per_worker"] for s in runs)
-        cells = [label, *[_mean_std([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
-                 _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.3g}"),
+        cells = [label, *[ci_cell([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
+                 ci_cell([s["bytes_per_worker"] / 1e6 for s in runs], "{:.3g}"),
                  f"{base / sent:.3g}" if sent else "∞"]
         for name in names:
-            cells += [_mean_std([s["sim_seconds"] for s in summaries[name]], "{:.4g}"),
+            cells += [ci_cell([s["sim_seconds"] for s in summaries[name]], "{:.4g}"),
                       f"{statistics.mean(s['sim_seconds_comm'] / s['sim_seconds'] for s in summaries[name]):.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
@@ -449,41 +470,183 @@ def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
     return SUITES[name](scale, quick)
 
 
-def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
-              overrides: list[str] = (), scale: str = "cpu", dry_run: bool = False) -> Path | None:
-    """Run every variant for every seed into ``out``; write results.md and the suite's plots.
+TUNE_VALIDATION = 0.1  # the validation split of the tuning runs where the base config holds out none
 
-    ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant. Every config
-    is checked and the estimated work printed before anything trains; ``dry_run`` stops there."""
+
+def parse_tune(text: str) -> tuple[str, list]:
+    """``--tune KEY=[V1,V2,...]``: the key and its grid of at least two distinct scalar values."""
+    key, sep, raw = text.partition("=")
+    try:
+        grid = parse_yaml(raw, "--tune") if sep else None
+    except ConfigError:
+        grid = None
+    if (not key.strip() or not isinstance(grid, list) or len({str(g) for g in grid}) != len(grid) or len(grid) < 2
+            or not all(isinstance(g, (int, float, str)) for g in grid)):
+        raise ConfigError(f"--tune expects KEY=[V1,V2,...] with at least two distinct values, got '{short(text)}'")
+    return key.strip(), grid
+
+
+@dataclass
+class Tuned:
+    """A baseline's tuning: the value chosen, the validation metric read and its value per grid
+    value and seed (None: that run diverged)."""
+
+    value: object
+    metric: str
+    scores: list[list[float | None]]
+
+
+def tuning_overrides(suite: Suite, v: Variant, key: str, value) -> list[str]:
+    """The overrides of a tuning run of baseline ``v`` at ``key`` = ``value``: its validation split
+    (the base config's validation_fraction, or TUNE_VALIDATION where that is 0), no local models
+    evaluated (tuning reads only x̄'s val_* metrics)."""
+    fraction = suite.config(v).validation_fraction or TUNE_VALIDATION
+    return [f"{key}={value}", f"validation_fraction={fraction}", "eval_local=none"]
+
+
+def tune(suite: Suite, key: str, grid: list, seeds: range, out: Path, train_run: Callable, log=print
+         ) -> dict[str, Tuned]:
+    """Train every baseline of ``suite`` at each ``key`` of ``grid`` for each seed into ``out`` and
+    choose, per baseline, the value of the best mean over the seeds of x̄'s validation metric
+    (val_accuracy, highest; val_loss for a language model, lowest); a value with a diverged seed
+    is never chosen. Only val_* metrics are read: test metrics choose nothing."""
+    from .train import Diverged
+
+    tuned = {}
+    for v in (v for v in suite.variants if v.baseline is None):
+        scores, metric = [], None
+        for value in grid:
+            scores.append([])
+            for seed in seeds:
+                run = out / f"{_slug(v.name)}-{_slug(key)}{value}-seed{seed}"
+                log(f"[tune] seed {seed}: {v.name}, {key}={value}")
+                try:
+                    train_run(suite.config(v, seed, extra=tuning_overrides(suite, v, key, value)), run)
+                except Diverged as e:
+                    log(f"[tune] {v.name}, {key}={value}, seed {seed} diverged: {e}")
+                    scores[-1].append(None)
+                    continue
+                summary = read_summary(run)
+                metric = "val_accuracy" if "val_accuracy" in summary else "val_loss"
+                scores[-1].append(summary[metric])
+        sign = 1 if metric == "val_accuracy" else -1
+        finite = [i for i, row in enumerate(scores) if None not in row]
+        if not finite:
+            raise ConfigError(f"--tune {key}: {v.name} diverged at every value of {grid}; try smaller values")
+        best = max(finite, key=lambda i: (sign * sum(scores[i]) / len(seeds), -i))
+        tuned[v.name] = Tuned(grid[best], metric, scores)
+    return tuned
+
+
+def _tuning_section(suite: Suite, key: str, grid: list, tuned: dict[str, Tuned], fraction: str) -> str:
+    """results.md's account of the tuning: per baseline, the validation metric at each value."""
+    lines = [f"## Tuning {key}", "",
+             f"Each baseline was trained at every {key} of {grid} for each seed on the training set less a "
+             f"validation split ({fraction}, drawn from the seed), and the value with the best mean validation "
+             f"metric of x̄ over the seeds (accuracy, or loss for a language model) was chosen; a value with a "
+             f"diverged seed is never chosen. Test metrics chose nothing. Every variant then trained on the whole "
+             f"training set at its baseline's value:", "",
+             ", ".join(f"{v.name} → {tuned[v.baseline or v.name].value}" for v in suite.variants) + ".", "",
+             f"| baseline | {key} | validation metric (x̄) | chosen |", "|---|---|---|---|"]
+    for name, t in tuned.items():
+        fmt = "{:.4f}"
+        for value, row in zip(grid, t.scores):
+            cell = (ci_cell(row, fmt) if None not in row else
+                    f"diverged in {row.count(None)} of {len(row)} seeds")
+            lines.append(f"| {name} | {value} | {t.metric.replace('_', ' ')} {cell} | "
+                         f"{'**chosen**' if value == t.value else ''} |")
+    return "\n".join(lines) + "\n\n"
+
+
+def _paired_section(suite: Suite, out: Path, seeds: range) -> str:
+    """Each variant against its baseline: the difference of the headline test metric seed by seed
+    (the same seed: the same initial model and batches) and its 95 % Student t interval."""
+    pairs = [v for v in suite.variants if v.baseline is not None]
+    if not pairs:
+        return ""
+    summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
+    accuracy = all("test_accuracy" in s for runs in summaries.values() for s in runs)
+    key, unit, fmt = ("test_accuracy", "points", "{:+.2f}") if accuracy else ("test_loss", "nats", "{:+.4f}")
+    scale = 100 if accuracy else 1
+    lines = ["## Paired differences against the baseline", "",
+             f"Δ = {key} of the variant − {key} of its baseline on the same seed (in {unit}); mean ± "
+             f"{CONFIDENCE:.0%} Student t interval of the per-seed differences.", "",
+             f"| variant | baseline | Δ per seed ({', '.join(map(str, seeds))}) | mean Δ | interval excludes 0 |",
+             "|---|---|---|---|---|"]
+    for v in pairs:
+        deltas = [scale * (a[key] - b[key]) for a, b in zip(summaries[v.name], summaries[v.baseline])]
+        mean, half = mean_ci(deltas)
+        excludes = "—" if half is None else ("yes" if abs(mean) > half else "no")
+        lines.append(f"| {v.name} | {v.baseline} | {', '.join(fmt.format(d) for d in deltas)} | "
+                     f"{ci_cell(deltas, fmt)} | {excludes} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
+              overrides: list[str] = (), scale: str = "cpu", dry_run: bool = False, first_seed: int = 0,
+              tune_grid: str | None = None) -> Path | None:
+    """Run every variant for seeds ``first_seed`` … ``first_seed + seeds − 1`` into ``out``; write
+    results.md (mean ± 95 % Student t interval over the seeds; each variant's paired difference
+    with its baseline) and the suite's plots.
+
+    ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant. ``tune_grid``
+    (``KEY=[V1,...]``): first :func:`tune` the baselines on a validation split (runs in
+    ``out/tune``), then run every variant at its baseline's chosen value. Every config is checked
+    and the estimated work printed before anything trains; ``dry_run`` stops there."""
     suite = build_suite(name, scale, quick)
     suite.base += list(overrides)
-    configs = {v.name: suite.config(v) for v in suite.variants}  # check every config before training anything
-    log(f"[{name}] {len(configs)} variants × {seeds} seed(s): {estimate_work(list(configs.values()), seeds)}")
+    key, grid = parse_tune(tune_grid) if tune_grid else (None, [])
+    if key is not None and any(o.partition("=")[0].strip() == key for o in overrides):
+        raise ConfigError(f"--tune {key} and --set {key} both set {key}: give one")
+    run_seeds = range(first_seed, first_seed + seeds)
+    tuning = {}  # the tuning runs' configs, checked before training anything
+    for v in (v for v in suite.variants if key is not None and v.baseline is None):
+        try:
+            tuning[v.name] = [suite.config(v, run_seeds[0], extra=tuning_overrides(suite, v, key, x)) for x in grid]
+        except ConfigError as e:
+            raise ConfigError(f"--tune {key}: {e}") from None
+    # the final configs (at the grid's first value, until tuned): checked before training anything
+    configs = {v.name: suite.config(v, run_seeds[0], extra=[f"{key}={grid[0]}"] if key else []) for v in suite.variants}
+    planned = list(configs.values()) + [c for cs in tuning.values() for c in cs]
+    log(f"[{name}] {len(configs)} variants{f' + {len(planned) - len(configs)} tuning runs' if tuning else ''} × "
+        f"{seeds} seed(s): {estimate_work(planned, seeds)}")
     if dry_run:
         return None
-    for seed in range(seeds):
+    tuned = tune(suite, key, grid, run_seeds, out / "tune", train_run, log) if key else {}
+    extra = {v.name: [f"{key}={tuned[v.baseline or v.name].value}"] if key else [] for v in suite.variants}
+    configs = {v.name: suite.config(v, run_seeds[0], extra=extra[v.name]) for v in suite.variants}
+    for seed in run_seeds:
         for v in suite.variants:
             ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
             log(f"[{name}] seed {seed}: {v.name}")
-            train_run(suite.config(v, seed, str(ref)), out / f"{_slug(v.name)}-seed{seed}")
-    command = (f"gossamer repro {name} --seeds {seeds}{' --scale paper' if scale == 'paper' else ''}"
-               f"{' --quick' if quick else ''}{''.join(' --set ' + o for o in overrides)}")
+            train_run(suite.config(v, seed, str(ref), extra[v.name]), out / f"{_slug(v.name)}-seed{seed}")
+    command = (f"gossamer repro {name} --seeds {seeds}{f' --first-seed {first_seed}' if first_seed else ''}"
+               f"{' --scale paper' if scale == 'paper' else ''}{' --quick' if quick else ''}"
+               f"{''.join(' --set ' + o for o in overrides)}{f' --tune {tune_grid}' if tune_grid else ''}")
     results = out / "results.md"
     files = sorted({v.base_file or suite.base_file for v in suite.variants} - {None})
     base = f" on {', '.join(f'`configs/paper/{f}`' for f in files)}" if files else ""
-    head = (f"# {suite.title}\n\nCommand: `{command}`; mean ± std over {seeds} seed(s). "
-            f"Base config{base}: `{' '.join(suite.base)}`.\n\n")
-    results.write_text(head + (suite.report or _consensus_report)(suite, configs, out, seeds))
+    interval = (f"mean ± the {CONFIDENCE:.0%} Student t interval x̄ ± t_{{0.975, K−1}}·s/√K over K = {seeds} seeds "
+                f"({', '.join(map(str, run_seeds))})" if seeds > 1 else f"one seed ({first_seed}): no interval")
+    head = f"# {suite.title}\n\nCommand: `{command}`; {interval}. Base config{base}: `{' '.join(suite.base)}`.\n\n"
+    fractions = sorted({c.validation_fraction for configs in tuning.values() for c in configs})
+    body = (_tuning_section(suite, key, grid, tuned, "validation_fraction " + ", ".join(map(str, fractions)))
+            if key else "")
+    body += (suite.report or _consensus_report)(suite, configs, out, run_seeds)
+    results.write_text(head + body + "\n" + _paired_section(suite, out, run_seeds))
     return results
 
 
 def estimate_work(configs: list[Config], seeds: int = 1) -> str:
     """Steps, sample gradients and FLOPs of training and evaluating the runs of ``configs``, each
     ``seeds`` times: matmul and convolution FLOPs of one sample counted by
-    ``torch.utils.flop_counter`` (forward + backward for training, forward for evaluation of x̄
-    and the n local models), times the samples. Communication and Ξ² are not counted."""
+    ``torch.utils.flop_counter`` (forward + backward for training on the training set less any
+    validation split, forward for evaluation of x̄ and the local models ``eval_local`` names on
+    the test set and of x̄ on the validation split), times the samples. Communication and Ξ² are
+    not counted."""
     from .data import load_dataset
     from .data.partition import steps_per_epoch
+    from .train import local_eval_workers
 
     steps = samples = train_flops = eval_flops = 0
     datasets: dict = {}
@@ -497,12 +660,14 @@ def estimate_work(configs: list[Config], seeds: int = 1) -> str:
         if model_key not in flops:
             flops[model_key] = sample_flops(cfg, data)
         forward, forward_backward = flops[model_key]
-        run_steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+        held = int((cfg.validation_fraction or 0) * len(data.y_train))  # validation_split's
+        run_steps = cfg.epochs * steps_per_epoch(len(data.y_train) - held, cfg.workers, cfg.batch_size)
         evaluations = sum((e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs for e in range(cfg.epochs))
         steps += seeds * run_steps
         samples += seeds * run_steps * cfg.workers * cfg.batch_size
         train_flops += seeds * run_steps * cfg.workers * cfg.batch_size * forward_backward
-        eval_flops += seeds * evaluations * (cfg.workers + 1) * len(data.y_test) * forward
+        models = 1 + len(local_eval_workers(cfg))  # x̄ and the local models eval_local names
+        eval_flops += seeds * evaluations * (models * len(data.y_test) + held) * forward
     return (f"{steps:,} steps, {samples:,} sample gradients; ≈ {_flop(train_flops)} of training and "
             f"{_flop(eval_flops)} of evaluation (matmuls and convolutions)")
 
@@ -546,20 +711,15 @@ def phase_means(metrics_file: Path, boundaries: list[float]) -> list[float]:
     return [s / max(c, 1) for s, c in zip(sums, counts)]
 
 
-def _mean_std(values: list[float], fmt: str) -> str:
-    std = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{fmt.format(statistics.mean(values))} ± {fmt.replace('+', '').format(std)}"
-
-
 OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_saved", "gossip rounds saved", "{:.0f}")]
 """Summary keys shown, as (key, heading, format), where a run of the suite has them ("—": a variant without)."""
 
 
-def _runs(name: str, out: Path, seeds: int) -> list[Path]:
-    return [out / f"{_slug(name)}-seed{s}" for s in range(seeds)]
+def _runs(name: str, out: Path, seeds: range) -> list[Path]:
+    return [out / f"{_slug(name)}-seed{s}" for s in seeds]
 
 
-def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str:
+def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: range) -> str:
     """The table of the test metrics, mean Ξ² per learning-rate phase, rounds (and the optional
     columns); the Ξ² plot and the test metric against communication (and sharpness)."""
     boundaries = configs[suite.variants[0].name].milestones
@@ -572,35 +732,35 @@ def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str
             *[heading for _, heading, _ in optional]]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in suite.variants:
-        per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in range(seeds)]
+        per_phase = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", boundaries) for s in seeds]
         runs = summaries[v.name]
-        cells = [v.name, *[_mean_std([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
-                 *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
-                 _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
-                 _mean_std([s["comm_rounds"] for s in runs], "{:.0f}"),
-                 _mean_std([s.get("extra_gossip_rounds", 0) for s in runs], "{:.0f}"),
-                 *[_mean_std([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
+        cells = [v.name, *[ci_cell([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
+                 *[ci_cell([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
+                 ci_cell([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
+                 ci_cell([s["comm_rounds"] for s in runs], "{:.0f}"),
+                 ci_cell([s.get("extra_gossip_rounds", 0) for s in runs], "{:.0f}"),
+                 *[ci_cell([s[key] for s in runs], fmt) if key in runs[0] else "—" for key, _, fmt in optional]]
         lines.append("| " + " | ".join(cells) + " |")
     if suite.estimate_pairs:
         lines += ["", *_estimate_section(suite, out, seeds)]
-    plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in suite.variants},
+    plot_consensus({v.name: out / f"{_slug(v.name)}-seed{seeds[0]}" / "metrics.jsonl" for v in suite.variants},
                    boundaries, out / "consensus.png", suite.title)
     plot_tradeoff(summaries, out / "tradeoff.png", suite.title)
     return ("\n".join(lines) + "\n\n![Ξ² over training](consensus.png)\n\n"
             "![test metric against communication](tradeoff.png)\n")
 
 
-def _estimate_section(suite: Suite, out: Path, seeds: int) -> list[str]:
+def _estimate_section(suite: Suite, out: Path, seeds: range) -> list[str]:
     """Control from the estimate (2/p)Θ against control from the exact Ξ: extra rounds, how often the
     estimate ran more rounds than the exact rule would have from the same state, accuracy."""
     lines = ["## Control from the local estimate vs the exact Ξ", "",
              "\"more than exact\": the share of controlled steps where the estimate-driven controller ran more "
              "extra rounds than the exact rule would have from the same state (Ξ probed after each of its rounds, "
-             "as measurement only). Mean ± std over seeds.", "",
+             "as measurement only). Mean ± 95 % interval over seeds.", "",
              "| variant | extra rounds exact | extra rounds estimate | more than exact | rounds: estimate / exact rule "
              "(same states) | test acc exact | test acc estimate |", "|---|---|---|---|---|---|---|"]
     for exact, estimate in suite.estimate_pairs:
-        runs = {name: [out / f"{_slug(name)}-seed{s}" for s in range(seeds)] for name in (exact, estimate)}
+        runs = {name: [out / f"{_slug(name)}-seed{s}" for s in seeds] for name in (exact, estimate)}
         summaries = {name: [read_summary(r) for r in rs] for name, rs in runs.items()}
         more, ratio = [], []
         for run in runs[estimate]:
@@ -610,11 +770,11 @@ def _estimate_section(suite: Suite, out: Path, seeds: int) -> list[str]:
             ratio.append(sum(r["extra_gossip_rounds"] for r in steps)
                          / max(1, sum(r["extra_gossip_rounds_if_exact"] for r in steps)))
         lines.append("| " + " | ".join([
-            exact, _mean_std([s["extra_gossip_rounds"] for s in summaries[exact]], "{:.0f}"),
-            _mean_std([s["extra_gossip_rounds"] for s in summaries[estimate]], "{:.0f}"),
-            _mean_std([100 * m for m in more], "{:.1f}") + " %", _mean_std(ratio, "{:.2f}"),
-            _mean_std([s["test_accuracy"] for s in summaries[exact]], "{:.4f}"),
-            _mean_std([s["test_accuracy"] for s in summaries[estimate]], "{:.4f}")]) + " |")
+            exact, ci_cell([s["extra_gossip_rounds"] for s in summaries[exact]], "{:.0f}"),
+            ci_cell([s["extra_gossip_rounds"] for s in summaries[estimate]], "{:.0f}"),
+            ci_cell([100 * m for m in more], "{:.1f}") + " %", ci_cell(ratio, "{:.2f}"),
+            ci_cell([s["test_accuracy"] for s in summaries[exact]], "{:.4f}"),
+            ci_cell([s["test_accuracy"] for s in summaries[estimate]], "{:.4f}")]) + " |")
     return lines
 
 
@@ -626,18 +786,18 @@ def _at_target(runs: list[Path], cfg) -> list[dict | None]:
 
 
 def _to_target(rows: list[dict | None], key: str, fmt: str) -> str:
-    """Mean ± std of ``key`` (step or sim_seconds) at the target over the seeds that reached it."""
+    """Mean ± 95 % interval of ``key`` (step or sim_seconds) at the target over the seeds that reached it."""
     reached = [r[key] for r in rows if r is not None]
     if not reached:
         return "not reached"
-    cell = _mean_std(reached, fmt)
+    cell = ci_cell(reached, fmt)
     return cell if len(reached) == len(rows) else f"{cell} ({len(reached)} of {len(rows)} seeds)"
 
 
 def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, configs: dict, out: Path,
-                 seeds: int) -> str:
+                 seeds: range) -> str:
     """Tables of accuracy and simulated time (to the target, in total, communication) and plots of
-    test accuracy against simulated time (seed 0): Lin et al.'s variants on each network, Kong et
+    test accuracy against simulated time (the first seed): Lin et al.'s variants on each network, Kong et
     al.'s with the cost and the benefit of control against the ``uncontrolled`` variant."""
     target = configs[kong[0]].target_accuracy
     names = [*sum(lin.values(), []), *kong]
@@ -650,12 +810,12 @@ def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, 
              f"plus the α–β time of every operator.", "", "## Lin et al.", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, names in lin.items():
-        cells = [label, _mean_std([s["test_accuracy"] for s in summaries[names[0]]], "{:.4f}"),
+        cells = [label, ci_cell([s["test_accuracy"] for s in summaries[names[0]]], "{:.4f}"),
                  _to_target(at_target[names[0]], "step", "{:.0f}")]
         for name in names:
             runs = summaries[name]
             cells += [_to_target(at_target[name], "sim_seconds", "{:.3f}"),
-                      _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
+                      ci_cell([s["sim_seconds"] for s in runs], "{:.3f}"),
                       f"{statistics.mean(s['sim_seconds_comm'] / s['sim_seconds'] for s in runs):.0%}"]
         lines.append("| " + " | ".join(cells) + " |")
     plain = summaries[uncontrolled]
@@ -665,19 +825,19 @@ def _time_report(lin: dict[str, list[str]], kong: list[str], uncontrolled: str, 
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in kong:
         runs = summaries[name]
-        cells = [name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
-                 _mean_std([s.get("extra_gossip_rounds", 0) for s in runs], "{:.0f}"),
+        cells = [name, ci_cell([s["test_accuracy"] for s in runs], "{:.4f}"),
+                 ci_cell([s.get("extra_gossip_rounds", 0) for s in runs], "{:.0f}"),
                  _to_target(at_target[name], "sim_seconds", "{:.3f}"),
-                 _mean_std([s["sim_seconds"] for s in runs], "{:.3f}"),
-                 _mean_std([s["sim_seconds_comm"] for s in runs], "{:.3f}"),
-                 f"{_mean_std([s['sim_seconds'] - r['sim_seconds'] for s, r in zip(runs, plain)], '{:.3f}')} / "
-                 f"{_mean_std([100 * (s['test_accuracy'] - r['test_accuracy']) for s, r in zip(runs, plain)], '{:+.1f}')}"
+                 ci_cell([s["sim_seconds"] for s in runs], "{:.3f}"),
+                 ci_cell([s["sim_seconds_comm"] for s in runs], "{:.3f}"),
+                 f"{ci_cell([s['sim_seconds'] - r['sim_seconds'] for s, r in zip(runs, plain)], '{:.3f}')} / "
+                 f"{ci_cell([100 * (s['test_accuracy'] - r['test_accuracy']) for s, r in zip(runs, plain)], '{:+.1f}')}"
                  if getattr(configs[name], "consensus", None) and configs[name].consensus.target != "none" else "—"]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
-    plots = {f"lin-{net}.png": {label: out / f"{_slug(names[i])}-seed0" for label, names in lin.items()}
+    plots = {f"lin-{net}.png": {label: out / f"{_slug(names[i])}-seed{seeds[0]}" for label, names in lin.items()}
              for i, net in enumerate(nets)}
-    plots["kong.png"] = {name: out / f"{_slug(name)}-seed0" for name in kong}
+    plots["kong.png"] = {name: out / f"{_slug(name)}-seed{seeds[0]}" for name in kong}
     for file, runs in plots.items():
         plot_runs(runs, "time", None, out / file, title=file.removesuffix(".png"))
         lines.append(f"![test accuracy against simulated time]({file})")
@@ -715,7 +875,7 @@ def topology_measures(cfg) -> dict:
     return analyse(build_topology(spec, cfg.workers, seed=seed))
 
 
-def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: int) -> str:
+def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: range) -> str:
     """Per n: accuracy of x̄, mean Ξ² per learning-rate phase, MB sent per worker and the measures
     of each topology; Spearman's rank correlation of the accuracy with the spectral gap and with
     the effective number of neighbours over the variants, and which ranks the accuracy better."""
@@ -725,7 +885,7 @@ def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: int) -> st
     phases = len(boundaries) + 1
     summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
     lines = [f"Every gossip variant is D-SGD with one gossip round a step, so all run the same rounds; All-Reduce "
-             f"is measured as the complete graph. Measures (`gossamer topology`, seed 0's graph): the spectral gap "
+             f"is measured as the complete graph. Measures (`gossamer topology`, seed {seeds[0]}'s graph): the spectral gap "
              f"ρ over the rounds in brackets (the period; for a random topology the empirical gap of its first "
              f"rounds), the effective number of neighbours n_W(γ) at γ = {DECAY} (Vogels "
              f"et al. 2022) and the expected contraction ‖E[(W_t − J)ᵀ(W_t − J)]‖₂. ρ_s: Spearman's rank "
@@ -744,9 +904,9 @@ def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: int) -> st
             gaps.append(info["spectral_gap"])
             neighbours.append(info["effective_neighbours"])
             lines.append("| " + " | ".join([
-                v.name, _mean_std([s["test_accuracy"] for s in runs], "{:.4f}"),
-                *[_mean_std([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
-                _mean_std([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
+                v.name, ci_cell([s["test_accuracy"] for s in runs], "{:.4f}"),
+                *[ci_cell([p[k] for p in per_phase], "{:.2e}") for k in range(phases)],
+                ci_cell([s["bytes_per_worker"] / 1e6 for s in runs], "{:.2f}"),
                 f"{info['spectral_gap']:.4f} ({info['gap_rounds']})", f"{info['effective_neighbours']:.2f}",
                 f"{info['expected_contraction']:.4f}"]) + " |")
         by_gap, by_neighbours = spearman(gaps, accuracy), spearman(neighbours, accuracy)
@@ -758,14 +918,14 @@ def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: int) -> st
                 " ranks it better"
         spread = max(accuracy) - min(accuracy)
         noise = statistics.mean(statistics.stdev([s["test_accuracy"] for s in summaries[v.name]])
-                                for v in variants) if seeds > 1 else None
+                                for v in variants) if len(seeds) > 1 else None
         caution = "" if noise is None or spread > 2 * noise else \
             f" (but the variants' accuracies span {spread:.4f}, within twice their mean std over seeds {noise:.4f}: " \
             f"the ranking of the accuracy itself is noise)"
         lines += ["", f"ρ_s(accuracy, spectral gap) = {shown['gap']}, ρ_s(accuracy, n_W) = {shown['nw']}: "
                       f"{verdict}{caution}.", ""]
         readings.append(f"n = {n}: {verdict}")
-        plot_consensus({v.name: out / f"{_slug(v.name)}-seed0" / "metrics.jsonl" for v in variants}, boundaries,
+        plot_consensus({v.name: out / f"{_slug(v.name)}-seed{seeds[0]}" / "metrics.jsonl" for v in variants}, boundaries,
                        out / f"consensus-n{n}.png", f"{suite.title}, n = {n}")
         lines += [f"![Ξ² over training, n = {n}](consensus-n{n}.png)", ""]
     return "\n".join(lines + ["Reading: " + "; ".join(readings) + ".", ""])

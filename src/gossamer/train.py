@@ -27,7 +27,7 @@ from .algorithms.asynchronous import ADPSGD, Timing
 from .checkpoint import capture, restore
 from .config import Config, ConfigError
 from .data import Dataset, load_dataset
-from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch
+from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch, validation_split
 from .engines import Engine, build_engine
 from .engines.stats import BYTES_PER_VALUE
 from .models import Footprint, build_model, footprint, no_decay_mask
@@ -115,12 +115,17 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
 
     ``engine``: the engine to run on (default: the one ``cfg.engine`` names); ``data``: a data
     set to use instead of loading ``cfg.dataset``; ``reference``: the Ξ_t² by step of the run a
-    ``consensus.target: run:DIR`` follows (:func:`gossamer.report.reference_trajectory`). The
-    config is validated again (one changed with ``dataclasses.replace`` skipped it)."""
+    ``consensus.target: run:DIR`` follows (:func:`gossamer.report.reference_trajectory`).
+    ``validation_fraction`` > 0 holds its split out of the training set
+    (:func:`gossamer.data.partition.validation_split`). The config is validated again (one
+    changed with ``dataclasses.replace`` skipped it)."""
     cfg.validate()
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     data = (data or load_dataset(cfg)).to(device, dtype)
+    if cfg.validation_fraction:
+        kept, held = validation_split(len(data.y_train), cfg.validation_fraction, cfg.seed, cfg.workers, cfg.batch_size)
+        data = data.hold_out(kept.to(device), held.to(device))
     cfg.options["dataset"] = replace(cfg.options["dataset"], **data.resolved)  # e.g. a text's vocabulary
     task = TASKS[data.task]
     engine = engine or build_engine(cfg, device)
@@ -311,11 +316,14 @@ def local_eval_workers(cfg: Config) -> list[int]:
 def evaluate(run: Run, t: int) -> dict[str, float]:
     """The task's test metrics of the averaged model x̄ (statistics per ``bn_eval``, see
     :func:`averaged_model`), and their mean over the local models that ``eval_local`` names
-    (``*_local_mean``, each with its own statistics); with ``sharpness``, the top Hessian
+    (``*_local_mean``, each with its own statistics); with ``validation_fraction``, x̄'s metrics on
+    the held-out split (``val_accuracy``, ``val_loss``, ...); with ``sharpness``, the top Hessian
     eigenvalue of the training loss at x̄ (with the same statistics) before step t."""
     w, e, d, cfg = run.workers, run.engine, run.data, run.cfg
     model = averaged_model(run, t)
     metrics = run.task.evaluate(model, d.x_test, d.y_test)
+    if d.x_val is not None:  # validation_fraction: x̄ on the held-out split too, as val_*
+        validation = run.task.evaluate(model, d.x_val, d.y_val)
     if cfg.sharpness:  # before the local models rebind the template
         x_bar, b_bar = flatten(model)
         subset = training_subset(len(d.y_train), cfg.sharpness_samples, cfg.seed).to(d.y_train.device)
@@ -330,6 +338,8 @@ def evaluate(run: Run, t: int) -> dict[str, float]:
             values = torch.zeros(w.m, dtype=torch.float64)
             values[rows] = torch.tensor([m[key] for m in local], dtype=torch.float64)
             metrics[f"{key}_local_mean"] = e.mean_scalar(values, over=None if cfg.eval_local == "all" else chosen)
+    if d.x_val is not None:
+        metrics.update({"val_" + key.removeprefix("test_"): value for key, value in validation.items()})
     if cfg.sharpness:
         metrics["sharpness"] = sharpness
     return metrics
@@ -461,7 +471,7 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
     counters of the engine, the schedule and ``progress``; wall time since ``start``."""
     cfg = run.cfg
     return {
-        **{k: v for k, v in row.items() if k.startswith("test_") or k == "sharpness"},
+        **{k: v for k, v in row.items() if k.startswith(("test_", "val_")) or k == "sharpness"},
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
         **run.engine.comm.summary(),

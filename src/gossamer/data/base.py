@@ -28,7 +28,8 @@ class Dataset:
     set, is the training augmentation of the batches x [m, b, ...] of workers ``rows`` (of n),
     drawn per worker and per sample on x's device, the same for a worker whichever engine holds
     it (never applied to the test set). ``resolved`` holds option values the data set derived
-    (a text's vocabulary), which the run's config records.
+    (a text's vocabulary), which the run's config records. ``x_val``, ``y_val``: a validation
+    split held out of the training set (:meth:`hold_out`), or None.
     """
 
     x_train: torch.Tensor
@@ -39,6 +40,8 @@ class Dataset:
     task: str = "classification"
     augment: Callable[[torch.Tensor, range, int, torch.Generator], torch.Tensor] | None = None
     resolved: dict = field(default_factory=dict)
+    x_val: torch.Tensor | None = None
+    y_val: torch.Tensor | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -46,10 +49,18 @@ class Dataset:
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Dataset:
         """On ``device``, floating inputs in ``dtype`` (targets and token inputs keep theirs)."""
-        def move(t: torch.Tensor) -> torch.Tensor:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
             return t.to(device, dtype) if t.is_floating_point() else t.to(device)
         return replace(self, x_train=move(self.x_train), y_train=move(self.y_train),
-                       x_test=move(self.x_test), y_test=move(self.y_test))
+                       x_test=move(self.x_test), y_test=move(self.y_test),
+                       x_val=move(self.x_val), y_val=move(self.y_val))
+
+    def hold_out(self, kept: torch.Tensor, held: torch.Tensor) -> Dataset:
+        """The training samples ``kept`` as the training set, those ``held`` as the validation split."""
+        return replace(self, x_train=self.x_train[kept], y_train=self.y_train[kept],
+                       x_val=self.x_train[held], y_val=self.y_train[held])
 
     def train_batch(self, idx: torch.Tensor, rows: range, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of workers ``rows``, whose batches are ``idx[rows]`` (``idx``: every

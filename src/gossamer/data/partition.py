@@ -13,6 +13,7 @@ from ..registry import ConfigError
 from ..rng import generator
 
 _MAX_DRAWS = 100
+VALIDATION_STREAM = 29  # the key that sets the draw of the validation split apart from the other streams
 
 
 def steps_per_epoch(num_train: int, n: int, batch_size: int) -> int:
@@ -24,6 +25,21 @@ def steps_per_epoch(num_train: int, n: int, batch_size: int) -> int:
             f"({num_train} samples / {n} workers = {num_train // n}); reduce batch_size or workers"
         )
     return steps
+
+
+def validation_split(num_train: int, fraction: float, seed: int, n: int, batch_size: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out): disjoint sorted training-set indices, the held-out part the first
+    ⌊fraction·N⌋ of a permutation drawn from the seed. Refused (naming validation_fraction) if it
+    holds out nothing or leaves a worker less than one batch."""
+    held = int(fraction * num_train)
+    kept = num_train - held
+    if held == 0 or kept // n < batch_size:
+        what = "holds out no sample" if held == 0 else f"leaves {kept} samples, {kept // n} per worker"
+        raise ConfigError(f"validation_fraction={fraction} of the {num_train} training samples {what}; "
+                          f"{n} workers need at least batch_size={batch_size} each")
+    perm = torch.randperm(num_train, generator=generator(seed, VALIDATION_STREAM))
+    return perm[held:].sort().values, perm[:held].sort().values
 
 
 def iid_epoch_indices(num_train: int, n: int, batch_size: int, epoch: int, seed: int) -> torch.Tensor:
