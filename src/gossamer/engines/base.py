@@ -73,13 +73,16 @@ class Engine:
         self.comm = CommStats()
         self._scratch: torch.Tensor | None = None
         self.alive: np.ndarray | None = None  # bool [n]: the living workers (faults); None: all of them
-        self._living: torch.Tensor | None = None  # bool [m]: which local rows are alive
+        self._living: torch.Tensor | None = None  # bool [m, 1]: which local rows are alive
+        self._living_rows: torch.Tensor | None = None  # ... their local indices
 
     def set_alive(self, alive: np.ndarray, device: torch.device) -> None:
         """The workers alive at this step (bool [n]): the averages and metrics are over them."""
         self.alive = None if alive.all() else alive
-        self._living = None if self.alive is None else \
-            torch.as_tensor(alive[self.rows.start : self.rows.stop], device=device)
+        if self.alive is not None:
+            local = alive[self.rows.start : self.rows.stop]
+            self._living = torch.as_tensor(local, device=device).unsqueeze(1)
+            self._living_rows = torch.as_tensor(np.flatnonzero(local), device=device)
 
     def _living_ids(self, over: Sequence[int] | None) -> Sequence[int] | None:
         """The workers a mean is over: ``over`` (None: all) less the gone ones."""

@@ -85,7 +85,7 @@ class SimEngine(Engine):
         blocks.copy_(torch.where(alive, means, blocks))
 
     def _living_row_mean(self, X: torch.Tensor) -> torch.Tensor:
-        return X[self._living].mean(0)
+        return X.index_select(0, self._living_rows).mean(0)
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
         return values
