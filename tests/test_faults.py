@@ -130,7 +130,7 @@ def test_a_faults_section_without_events_is_the_run_without_it():
     (["faults.events=[1@1-5,1@4-]"], "overlap"),
     (["faults.events=[1 at 3]"], "is not W@A-B"),
     (["faults.churn=1"], "faults.churn must be a probability in [0, 1)"),
-    (["faults.churn=0.1"], "faults.downtime must be >= 1"),
+    (["faults.churn=0.1"], "faults.downtime must be in [1, 1e+09]"),
     (["faults.events=[0@2-,1@1-,2@0-5,3@3-]"], "all 4 workers are gone at step 3"),
     (["faults.rejoin=random"], "faults.rejoin"),
     (["algorithm=choco", "faults.events=[1@2-3]"], "algorithm choco does not drop workers"),

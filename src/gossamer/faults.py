@@ -27,6 +27,7 @@ from .topology import Mixing, Topology, _metropolis_hastings
 
 REJOIN_MODES = ("neighbours", "stale")
 CHURN_STREAM = 29  # sets the churn draws apart from the other random streams of a seed
+MAX_DOWNTIME = 1e9  # steps; a longer mean stay is a worker gone for good (an event "W@A-")
 _EVENT = re.compile(r"^(\d+)@(\d+)-(\d*)$")
 
 
@@ -43,9 +44,9 @@ class FaultsConfig:
         parse_events(self.events, cfg.workers)
         if not 0 <= self.churn < 1:
             raise ConfigError(f"faults.churn must be a probability in [0, 1), got {self.churn}")
-        if self.churn > 0 and not self.downtime >= 1:
-            raise ConfigError(f"faults.downtime must be >= 1 step (the mean of a geometric draw) with churn > 0, "
-                              f"got {self.downtime}")
+        if self.churn > 0 and not 1 <= self.downtime <= MAX_DOWNTIME:
+            raise ConfigError(f"faults.downtime must be in [1, {MAX_DOWNTIME:g}] steps (the mean of a geometric draw) "
+                              f"with churn > 0, got {self.downtime}")
         if self.churn == 0 and self.downtime:
             raise ConfigError("faults.downtime applies only with faults.churn > 0")
         _check_supported(cfg)
