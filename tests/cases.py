@@ -45,6 +45,8 @@ FEATURES = {
                           "slow_workers=0.25@3", "compute_jitter=lognormal:0.5"],
     "ad-psgd-stragglers": ["algorithm=ad-psgd", "network=ethernet-10g", "compute_ms=1", "slow_workers=0.25@3",
                            "compute_jitter=lognormal:0.5", "weight_decay=0.01"],
+    "gossip-faults": ["algorithm=gossip", "topology=ring", "momentum=0.9", "faults.events=[1@2-7]", "faults.churn=0.1",
+                      "faults.downtime=2"],
     "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
                        "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }

@@ -188,7 +188,8 @@ TEXT = ("dataset=text", "model=transformer", "text_chars=20000", "context=16", "
 NEEDS = {"dirichlet_alpha": ("partition=dirichlet",), "sharpness_samples": ("sharpness=true",),
          "sharpness_iterations": ("sharpness=true",), "compute_ms": ("network=ethernet-10g",), "target_loss": TEXT,
          "intra_node_bandwidth": ("network.workers_per_node=2",), "intra_node_latency": ("network.workers_per_node=2",)}
-SECTIONS = {"network": ("network=ethernet-10g",), "consensus": ("consensus.target=constant", "consensus.value=1")}
+SECTIONS = {"network": ("network=ethernet-10g",), "consensus": ("consensus.target=constant", "consensus.value=1"),
+            "faults": ("faults.churn=0.1", "faults.downtime=2")}
 EXTREMES = [".nan", ".inf", "-.inf", "0", "-1", "0.5", "3", "1e308", "-1e308", "5e-324", "2.5e-310", str(2**63 - 1),
             str(2**63), str(-2**63 - 1), "1" + "0" * 400, "-1" + "0" * 400]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 from cases import ACCEPTANCE, CIFAR_CASE, DIST_CASES, SHORT, all_cases
-from launch import sets, spawn, torchrun
+from launch import SMALL, finish, sets, spawn, torchrun
 
 from conftest import SCRIPTS
 from gossamer.cli import main
@@ -207,3 +207,27 @@ def test_a_signal_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(tmp
         assert torch.load(tmp_path / f"{name}-stopped" / "checkpoint.pt", weights_only=True)["step"] == 12
         assert_same_run(tmp_path / f"{name}-straight", tmp_path / f"{name}-stopped")
 
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_max_restarts_resumes_and_a_checkpoint_resumes_on_other_process_counts(tmp_path):
+    """Elastic restarts: rank 1 killed by SIGKILL mid-run, torchrun --max-restarts 1 restarts both
+    ranks, --resume-if-exists continues from the last checkpoint: the straight run's summary. Then
+    the 2-process checkpoint resumes (epochs 1 → 2) on 1 process: the simulator's run to 1e-10."""
+    from conftest import small_config
+    from gossamer.train import build_run, train
+
+    overrides = [*SMALL, "engine=dist", "algorithm=gossip", "topology=ring", "checkpoint_every=0.25"]
+    proc = torchrun(2, "--max-restarts", "1", str(SCRIPTS / "elastic.py"), str(tmp_path), "7", *sets(overrides),
+                    cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]
+    seconds = lambda s: {k: v for k, v in s.items() if not k.endswith("_seconds")}  # noqa: E731
+    assert seconds(summary_of(tmp_path / "killed")) == seconds(summary_of(tmp_path / "straight"))
+    [(code, _, err)] = finish(spawn(1, ["-m", "gossamer", "train", "--quiet", "--resume", str(tmp_path / "straight"),
+                                        "--set", "epochs=2"], cwd=tmp_path), timeout=200)
+    assert code == 0, err[-3000:]
+    cfg = small_config(*[o for o in overrides if o != "engine=dist"], "epochs=2")
+    run = build_run(cfg)
+    train(cfg, run)
+    resumed = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)["rows"]["X"]
+    torch.testing.assert_close(resumed, run.workers.X, rtol=0, atol=1e-10)

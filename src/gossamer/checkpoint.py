@@ -4,7 +4,7 @@ A checkpoint holds everything the next step depends on: the parameters X and buf
 every worker's integer buffers), the local optimizer's state and step count, the schedule's
 state (compression references and residuals, the gossip round counter, DiLoCo's outer model and
 momentum, ...), the communication counters, the loop's own state (the EMA of φ², extra rounds),
-the RNG state and the config. The position in the data order is the step: every epoch's batches
+the RNG state, the config, and with faults who is alive (and the churn state). The position in the data order is the step: every epoch's batches
 are a function of (seed, epoch). Tensors with one row per worker sit under ``rows`` keys; an
 engine gathers them from all processes when saving and takes its own rows when restoring.
 
@@ -34,7 +34,8 @@ def capture(run, progress, step: int) -> dict:
     return {"format": FORMAT, "step": step, "config": run.cfg.to_dict(),
             "rows": {"X": w.X, "B": w.B, "integer_buffers": w.integer_buffers()},
             "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
-            "comm": run.engine.comm.state_dict(), "progress": progress.state_dict(), "rng": rng}
+            "comm": run.engine.comm.state_dict(), "progress": progress.state_dict(), "rng": rng,
+            **({"faults": run.faults.state_dict()} if run.faults is not None else {})}
 
 
 def restore(run, progress, state: dict) -> int:
@@ -48,6 +49,8 @@ def restore(run, progress, state: dict) -> int:
     run.schedule.load_state_dict(_on(local["schedule"], w.X.device))
     run.engine.comm.load_state_dict(local["comm"])
     progress.load_state_dict(local["progress"])
+    if run.faults is not None:
+        run.faults.load_state_dict(local["faults"])
     torch.set_rng_state(local["rng"]["torch"])
     if "cuda" in local["rng"] and w.X.device.type == "cuda":
         torch.cuda.set_rng_state(local["rng"]["cuda"], w.X.device)

@@ -215,31 +215,46 @@ def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: 
         engine.close()
 
 
-def _resumed_config(args):
+def _resumed_config(args, resume: Path):
     """The config of the run in ``--resume DIR``, with the changes of CONFIG and --set (only
-    those that do not change training are allowed)."""
-    if args.out or args.overwrite:
+    those that do not change training are allowed); with ``--resume-if-exists``, CONFIG and --set
+    alone, which must be the run's config (but those keys)."""
+    if args.resume and (args.out or args.overwrite):
         raise ConfigError("--resume continues the run in its own directory: drop --out and --overwrite")
-    saved = saved_config(args.resume)
-    cfg = load_config(args.config, args.set, base=saved)
-    check_resumable(from_dict(saved).to_dict(), cfg.to_dict(), args.resume)
+    saved = saved_config(resume)
+    cfg = load_config(args.config, args.set, base=None if args.resume_if_exists else saved)
+    check_resumable(from_dict(saved).to_dict(), cfg.to_dict(), str(resume))
     return cfg
 
 
-def _resume_lock(args) -> RunLock | None:
-    """The lock of ``--resume DIR``, taken first: its config and checkpoint are read under it (rank
-    0 holds it for all processes; a DIR that is not a folder is refused later, naming it)."""
-    if not args.resume or _rank() != 0 or not Path(args.resume).is_dir():
+def _resume_dir(args) -> Path | None:
+    """The run to continue: ``--resume DIR``, or ``--out DIR`` with ``--resume-if-exists`` when DIR
+    holds a checkpoint (what a process restarted by torchrun --max-restarts finds)."""
+    if not args.resume_if_exists:
+        return args.resume
+    if args.resume or not args.out or args.overwrite:
+        raise ConfigError("--resume-if-exists needs --out DIR, without --resume and --overwrite")
+    return args.out if (Path(args.out) / "checkpoint.pt").is_file() else None
+
+
+def _resume_lock(resume: Path | None) -> RunLock | None:
+    """The lock of the run to continue, taken first: its config and checkpoint are read under it
+    (rank 0 holds it for all processes; a DIR that is not a folder is refused later, naming it)."""
+    if not resume or _rank() != 0 or not Path(resume).is_dir():
         return None
-    return RunLock(Path(args.resume), "--resume")
+    return RunLock(Path(resume), "--resume")
 
 
 def cmd_train(args) -> int:
-    lock = _resume_lock(args)
+    resume = _resume_dir(args)
+    lock = _resume_lock(resume)
     try:
-        cfg = _resumed_config(args) if args.resume else load_config(args.config, args.set)
-        out = Path(args.resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
-        summary = run_training(cfg, out, args.overwrite, progress=not args.quiet, resume=bool(args.resume), lock=lock)
+        cfg = _resumed_config(args, resume) if resume else load_config(args.config, args.set)
+        out = Path(resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
+        # a restart that finds the folder its killed first attempt left before any checkpoint starts over there
+        restart = args.resume_if_exists and not resume and (out / "config.yaml").is_file()
+        summary = run_training(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
+                               lock=lock)
     finally:
         if lock:
             lock.release()
@@ -421,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="DIR", type=_path,
                    help="continue the stopped run in DIR from its last checkpoint (CONFIG and --set may change "
                    "only epochs, eval_every, metrics_every, checkpoint_every, logger and the sharpness keys)")
+    t.add_argument("--resume-if-exists", action="store_true",
+                   help="with --out DIR: continue the run there if DIR holds a checkpoint of this config, else "
+                   "start it (an elastic restart under torchrun --max-restarts; see docs/faults.md)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
 

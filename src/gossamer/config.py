@@ -30,6 +30,7 @@ from .algorithms import ALGORITHMS
 from .data import DATASETS
 from .engines import ENGINES
 from .models import MODELS
+from .faults import FaultsConfig
 from .network import NetworkConfig, check_compute, parse_jitter, parse_slow_workers
 from .optim import OPTIMIZERS
 from .registry import ConfigError, Registry, positive_ints, short
@@ -102,6 +103,8 @@ class Config:
     compute_jitter: str | None = None  # lognormal:S: every worker's step × a log-normal factor (σ = S, mean 1)
     target_accuracy: float | None = None  # summary: steps (and simulated seconds) to this test accuracy
     target_loss: float | None = None  # ... or to this test loss (language models)
+    # workers that leave and return (gossamer.faults): events, churn, rejoin
+    faults: FaultsConfig | None = field(default=None, metadata={"section": FaultsConfig})
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -163,6 +166,8 @@ class Config:
         self._validate_time()
         for opts in self.options.values():
             opts.validate(self)
+        if self.faults is not None:
+            self.faults.validate(self)
         return self
 
     def _validate_scales(self) -> None:

@@ -24,12 +24,14 @@ from tqdm import tqdm
 
 from .algorithms import Context, Schedule, begin_step, build_schedule
 from .algorithms.asynchronous import ADPSGD, Timing
+from .algorithms.gossip import gossip_state
 from .checkpoint import capture, restore
 from .config import Config, ConfigError
 from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch, validation_split
 from .engines import Engine, build_engine
 from .engines.stats import BYTES_PER_VALUE
+from .faults import Faults, LivingGraph, rejoin_
 from .models import Footprint, build_model, footprint, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
@@ -85,6 +87,8 @@ class Run:
     steps_per_epoch: int
     shards: list | None
     clock: Clock | None = None  # with a network section: prices each step in simulated seconds
+    faults: Faults | None = None  # with a faults section: who is alive at each step
+    graph: LivingGraph | None = None  # ... and the gossip graph (neighbours, components) if there is one
 
 
 @dataclass
@@ -153,7 +157,12 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     clock = build_clock(cfg, model, data, task.loss, device)
     if clock is not None:
         engine.comm.record()
-    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock)
+    faults = graph = None
+    if cfg.faults is not None:
+        faults = Faults(cfg.faults, cfg.workers, cfg.seed)
+        faults.check_steps(cfg.epochs * steps)
+        graph = gossip_state(schedule).living if cfg.algorithm == "gossip" else None
+    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults, graph)
 
 
 TARGETS = {"target_accuracy": "test_accuracy", "target_loss": "test_loss"}  # config key → metric it targets
@@ -436,9 +445,14 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
         evaluating = s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs)
         measure = evaluating or (t + 1) % cfg.metrics_every == 0
         x, y = run.data.train_batch(idx[s], e.rows, seed=_batch_seed(cfg.seed, t))
+        frozen = _begin_faults(run, t) if run.faults is not None else []
         metrics = train_step(run, state, x, y, t, lr_at(cfg, t, S), measure)
+        for T, gone, rows in frozen:
+            T[gone] = rows
         if measure:
             row = metrics
+            if run.faults is not None:
+                row.update(_fault_metrics(run))
         if evaluating:
             row.update(evaluate(run, t))
             row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
@@ -466,6 +480,42 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
     return summarize(run, state, row, start)
 
 
+def _state_rows(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every tensor with a row per worker: (parameters, buffers and the schedule's state; the local
+    optimizer's state)."""
+    def rows(state) -> list[torch.Tensor]:
+        found = state.get("rows", {})
+        return [*found.values(), *(t for v in state.values() if isinstance(v, dict) for t in rows(v))]
+    return [run.workers.X, run.workers.B, *rows(run.schedule.state_dict())], rows(run.optimizer.state_dict())
+
+
+def _begin_faults(run: Run, t: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Step t's living workers to the engine; the returning ones rejoin (``neighbours``: the mean
+    of their living neighbours' rows, optimizer state zeroed; ``stale``: as they left). Returns
+    (tensor, gone rows, their values) to put back after the step: a gone worker changes nothing."""
+    faults, e = run.faults, run.engine
+    returning = faults.advance(t)
+    e.set_alive(faults.alive, run.workers.X.device)
+    shared, local = _state_rows(run)
+    if faults.cfg.rejoin == "neighbours":
+        for i in np.flatnonzero(returning):
+            peers = np.arange(run.cfg.workers) if run.graph is None else run.graph.neighbours(i)
+            peers = peers[faults.alive[peers] & ~returning[peers]]
+            if len(peers):
+                rejoin_(shared, local, int(i), peers)
+    if e.alive is None:
+        return []
+    gone = torch.as_tensor(np.flatnonzero(~faults.alive), device=run.workers.X.device)
+    return [(T, gone, T[gone].clone()) for T in shared + local]
+
+
+def _fault_metrics(run: Run) -> dict:
+    """A row's living workers and, on a gossip graph, the components of its living subgraph."""
+    alive = run.faults.alive
+    return {"workers_alive": int(alive.sum()),
+            **({"living_components": run.graph.components(alive)} if run.graph is not None else {})}
+
+
 def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
     """summary.json of ``run`` after its last step: that step's metric row (an evaluation), the
     counters of the engine, the schedule and ``progress``; wall time since ``start``."""
@@ -480,6 +530,7 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
         "parameters": run.workers.d,
         **({"bn_eval": cfg.bn_eval} if cfg.bn_eval else {}),
         **_time_summary(run, progress),
+        **({"workers_alive_min": run.faults.alive_min} if run.faults is not None else {}),
         "wall_seconds": time.perf_counter() - start,
     }
 

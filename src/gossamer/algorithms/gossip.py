@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..consensus import ConsensusConfig, Controller, FrequencyControl, build_target
+from ..faults import LivingGraph
 from ..registry import ConfigError, positive_ints
 from ..topology import TOPOLOGIES, Mixing, Topology, build_topology, spectral_gap
 from .local import AllReduce
@@ -36,6 +37,10 @@ class GossipState:
     rounds_saved: int = 0
     mixing: Mixing | None = None  # W of the step's round
     change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round (None: no round)
+    living: LivingGraph = field(init=False)  # W_r repaired on the living workers (faults)
+
+    def __post_init__(self) -> None:
+        self.living = LivingGraph(self.topology)
 
     def state_dict(self) -> dict:
         return {key: getattr(self, key) for key in ("rounds", "since_round", "since_sync", "extra_rounds",
@@ -116,7 +121,7 @@ class Gossip(Schedule):
 
     def _round(self, engine, X: torch.Tensor, measure: bool = False) -> torch.Tensor | None:
         g = self.state
-        g.mixing = g.topology.mixing(g.rounds)
+        g.mixing = g.living.mixing(g.rounds, engine.alive)
         g.rounds += 1
         for rows in self.shared_state:
             engine.gossip_(rows, g.mixing)

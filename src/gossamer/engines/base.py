@@ -13,7 +13,9 @@ implements only the primitives, each the minimum a real network must do:
 - ``_row_mean(X)``: x̄ = (1/n) Σ_i x_i over all workers (X unchanged);
 - ``_gather_scalars(values)``: one value per worker, all n of them in worker order;
 - ``gather_rows(T)``: the full [n, ...] tensor of a local [m, ...] one, where the run is written;
-- ``_any(flag)``: whether any process's flag is set (to stop or checkpoint together).
+- ``_any(flag)``: whether any process's flag is set (to stop or checkpoint together);
+- ``_living_mean_(X, size)`` and ``_living_row_mean(X)``: the same means over the living rows
+  only (``alive``, with faults; gone rows unchanged) — the simulator's.
 
 This base turns them into the operators that schedules call, counts each in ``comm`` (the
 algorithm's traffic by level, measurement traffic apart), and computes Ξ² and the other metrics
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..topology import Mixing
@@ -69,6 +72,23 @@ class Engine:
         self.n, self.rows = n, rows
         self.comm = CommStats()
         self._scratch: torch.Tensor | None = None
+        self.alive: np.ndarray | None = None  # bool [n]: the living workers (faults); None: all of them
+        self._living: torch.Tensor | None = None  # bool [m, 1]: which local rows are alive
+        self._living_rows: torch.Tensor | None = None  # ... their local indices
+
+    def set_alive(self, alive: np.ndarray, device: torch.device) -> None:
+        """The workers alive at this step (bool [n]): the averages and metrics are over them."""
+        self.alive = None if alive.all() else alive
+        if self.alive is not None:
+            local = alive[self.rows.start : self.rows.stop]
+            self._living = torch.as_tensor(local, device=device).unsqueeze(1)
+            self._living_rows = torch.as_tensor(np.flatnonzero(local), device=device)
+
+    def _living_ids(self, over: Sequence[int] | None) -> Sequence[int] | None:
+        """The workers a mean is over: ``over`` (None: all) less the gone ones."""
+        if self.alive is None:
+            return over
+        return [i for i in (range(self.n) if over is None else over) if self.alive[i]] or over
 
     @property
     def m(self) -> int:
@@ -77,13 +97,18 @@ class Engine:
     # ------------------------------------------------------------------ the algorithm's traffic
 
     def allreduce_mean_(self, X: torch.Tensor) -> None:
-        """Exact average: every row becomes mean_i X_i (in place). A ring all-reduce of d values."""
-        self._group_mean_(X, self.n)
-        self.comm.allreduce(X.shape[1], self.n, level="global")
+        """Exact average: every row becomes mean_i X_i (in place). A ring all-reduce of d values.
+        With gone workers, the living rows become the mean of the living rows (a quorum of q)."""
+        if self.alive is None:
+            self._group_mean_(X, self.n)
+        else:
+            self._living_mean_(X, self.n)
+        self.comm.allreduce(X.shape[1], self.n if self.alive is None else int(self.alive.sum()), level="global")
 
     def block_mean_(self, X: torch.Tensor, block_size: int) -> None:
-        """Exact average inside each block of ``block_size`` consecutive workers (in place)."""
-        self._group_mean_(X, block_size)
+        """Exact average inside each block of ``block_size`` consecutive workers (in place); with
+        gone workers, over the block's living rows."""
+        self._group_mean_(X, block_size) if self.alive is None else self._living_mean_(X, block_size)
         self.comm.allreduce(X.shape[1], block_size, level="block")
 
     def gossip_(self, X: torch.Tensor, mixing: Mixing, measure: bool = False) -> torch.Tensor | None:
@@ -117,19 +142,21 @@ class Engine:
     # ------------------------------------------------------------------ measurement (counted apart)
 
     def mean_row(self, X: torch.Tensor) -> torch.Tensor:
-        """x̄ = (1/n) Σ_i x_i over all workers, without changing X: an all-reduce of d values."""
+        """x̄ = (1/n) Σ_i x_i over all (living) workers, without changing X: an all-reduce of d values."""
         self.comm.allreduce(X.shape[1], self.n, level=METRICS)
-        return self._row_mean(X)
+        return self._row_mean(X) if self.alive is None else self._living_row_mean(X)
 
     def mean_scalar(self, values: torch.Tensor, over: Sequence[int] | None = None) -> float:
         """Mean over all n workers (or the workers ``over``, global indices) of a per-worker scalar
-        (local values [m]; a worker outside ``over`` gives any value), in worker order."""
+        (local values [m]; a worker outside ``over`` gives any value), in worker order; of them,
+        only the living ones."""
         self.comm.allgather(BYTES_PER_VALUE, self.n, level=METRICS)
         gathered = self._gather_scalars(values)
+        over = self._living_ids(over)
         return (gathered if over is None else gathered[list(over)]).mean().item()
 
     def consensus_distance_sq(self, X: torch.Tensor) -> float:
-        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖²."""
+        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖² (over the living workers)."""
         diff = torch.sub(X, self.mean_row(X), out=self._scratch_like(X))
         return self.mean_scalar(diff.square_().sum(1))
 
@@ -177,6 +204,12 @@ class Engine:
         raise NotImplementedError
 
     def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _living_mean_(self, X: torch.Tensor, size: int) -> None:
+        raise NotImplementedError
+
+    def _living_row_mean(self, X: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,18 @@ def _leak_recent_work() -> None:
     ctypes.pythonapi.Py_IncRef(ctypes.py_object(_RECENT_WORK))
 
 
+def attempt_store(timeout: timedelta) -> dict:
+    """``init_process_group``'s store under torchrun with restarts: the agent's store outlives a
+    failed attempt, so the next attempt's processes could read the addresses the dead ones
+    published ("Connection refused" in gloo's connectFullMesh); a store prefixed by the attempt
+    (TORCHELASTIC_RESTART_COUNT) keeps them apart. Outside torchrun's agent store: {} (env://)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout)
+    return {"store": dist.PrefixStore(f"gossamer/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store),
+            "rank": int(os.environ["RANK"]), "world_size": int(os.environ["WORLD_SIZE"])}
+
+
 def _destroy_group() -> None:
     """At exit: destroy the default group that an engine created (registered by close)."""
     if dist.is_initialized():
@@ -134,7 +146,8 @@ class DistEngine(Engine):
                 self.device = torch.device("cuda", torch.cuda.current_device())
         if self._owns_group:
             try:
-                dist.init_process_group(resolve_backend(backend, self.device), timeout=self._op_timeout)
+                dist.init_process_group(resolve_backend(backend, self.device), timeout=self._op_timeout,
+                                        **attempt_store(self._op_timeout))
             except (RuntimeError, ValueError) as e:  # rendezvous failed or timed out
                 raise PeerLost(f"could not form the process group of {world} processes within "
                                f"{self.timeout:g} s: {_first_line(e)}", []) from None

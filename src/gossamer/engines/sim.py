@@ -78,6 +78,15 @@ class SimEngine(Engine):
     def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
         return X.mean(0)
 
+    def _living_mean_(self, X: torch.Tensor, size: int) -> None:
+        """Living rows of each group of ``size`` ← the mean of the group's living rows."""
+        blocks, alive = X.view(-1, size, X.shape[1]), self._living.view(-1, size, 1)
+        means = blocks.mul(alive).sum(1, keepdim=True).div_(alive.sum(1, keepdim=True).clamp(min=1))
+        blocks.copy_(torch.where(alive, means, blocks))
+
+    def _living_row_mean(self, X: torch.Tensor) -> torch.Tensor:
+        return X.index_select(0, self._living_rows).mean(0)
+
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
         return values
 

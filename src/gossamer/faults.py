@@ -1,0 +1,220 @@
+"""Workers that leave and return: who is alive at step t, the repaired gossip matrix, rejoining.
+
+A ``faults`` section names when workers are gone: ``events`` ("3@100-300": worker 3 is gone for
+the steps 100 ≤ t < 300, 0-based; "5@250-": from step 250 to the end) and ``churn`` P with
+``downtime`` D (before step t every living worker leaves with probability P and stays away for
+a number of steps drawn geometric with mean D; the draws of step t come from (seed, t) alone).
+A gone worker computes and sends nothing: its rows (model, buffers, optimizer and schedule state)
+do not change. The averages of All-Reduce, local SGD and DiLoCo are over the living workers (a
+quorum); gossip mixes with :func:`repair` of W_t on the living subgraph; Ξ², x̄, the losses and
+the accuracies are over the living. A returning worker (``rejoin``) comes back with the state it
+left with (``stale``) or takes the mean of its living neighbours' rows and a zeroed local
+optimizer state (``neighbours``). Churn never takes the last living worker (the step's leaves
+are then cancelled); events that leave no worker alive are refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import networkx as nx
+import numpy as np
+import torch
+
+from .registry import ConfigError, short
+from .topology import Mixing, Topology, _metropolis_hastings
+
+REJOIN_MODES = ("neighbours", "stale")
+CHURN_STREAM = 29  # sets the churn draws apart from the other random streams of a seed
+MAX_DOWNTIME = 1e9  # steps; a longer mean stay is a worker gone for good (an event "W@A-")
+_EVENT = re.compile(r"^(\d+)@(\d+)-(\d*)$")
+
+
+@dataclass
+class FaultsConfig:
+    """The ``faults`` section (see the module docstring)."""
+
+    events: list[str] = field(default_factory=list)  # "W@A-B" (gone for steps A ≤ t < B) or "W@A-" (to the end)
+    churn: float = 0.0  # P: per step, the probability that a living worker leaves
+    downtime: float = 0.0  # D: mean steps a churned worker stays away (geometric), ≥ 1 with churn
+    rejoin: str = "neighbours"  # neighbours | stale
+
+    def validate(self, cfg) -> None:
+        parse_events(self.events, cfg.workers)
+        if not 0 <= self.churn < 1:
+            raise ConfigError(f"faults.churn must be a probability in [0, 1), got {self.churn}")
+        if self.churn > 0 and not 1 <= self.downtime <= MAX_DOWNTIME:
+            raise ConfigError(f"faults.downtime must be in [1, {MAX_DOWNTIME:g}] steps (the mean of a geometric draw) "
+                              f"with churn > 0, got {self.downtime}")
+        if self.churn == 0 and self.downtime:
+            raise ConfigError("faults.downtime applies only with faults.churn > 0")
+        _check_supported(cfg)
+        if self.rejoin not in REJOIN_MODES:
+            raise ConfigError(f"unknown faults.rejoin '{short(self.rejoin)}'; choose one of: {', '.join(REJOIN_MODES)}")
+
+
+FAULT_ALGORITHMS = ("allreduce", "local", "post-local", "hierarchical", "gossip", "diloco")
+
+
+def _check_supported(cfg) -> None:
+    """Refuse, in one line, what does not drop workers yet."""
+    if cfg.algorithm not in FAULT_ALGORITHMS:
+        raise ConfigError(f"faults: algorithm {cfg.algorithm} does not drop workers; use one of: "
+                          f"{', '.join(FAULT_ALGORITHMS)}")
+    if cfg.engine != "sim":
+        raise ConfigError("faults: engine dist does not drop workers (a lost process is restarted from its "
+                          "checkpoint instead, see docs/faults.md); use engine: sim")
+    if cfg.network is not None:
+        raise ConfigError("faults: the network time model does not price gone workers; drop the network section")
+    if getattr(cfg, "compression", "none") != "none":
+        raise ConfigError("faults: compressed averages (compression) do not drop workers; use compression: none")
+    if cfg.algorithm == "diloco" and (cfg.fragments > 1 or cfg.outer_topology != "none"):
+        raise ConfigError("faults: diloco drops workers with fragments: 1 and outer_topology: none only")
+
+
+def parse_events(events: list[str], n: int) -> list[tuple[int, int, int | None]]:
+    """(worker, first gone step, first step back or None) of each event; refuses unknown workers,
+    reversed or empty intervals, overlapping intervals of a worker, and a step with no worker alive."""
+    parsed = []
+    for text in events:
+        match = _EVENT.match(text.replace(" ", ""))
+        if not match:
+            raise ConfigError(f"faults.events: '{short(text)}' is not W@A-B or W@A- (worker W gone for the steps "
+                              f"A <= t < B, or from A to the end)")
+        worker, start, end = int(match[1]), int(match[2]), int(match[3]) if match[3] else None
+        if worker >= n:
+            raise ConfigError(f"faults.events: unknown worker {worker} in '{short(text)}'; workers are 0..{n - 1}")
+        if end is not None and end <= start:
+            raise ConfigError(f"faults.events: '{short(text)}' is reversed or empty (B must be > A)")
+        parsed.append((worker, start, end))
+    ends = {}
+    for worker, start, end in sorted(parsed):
+        if worker in ends and (ends[worker] is None or start < ends[worker]):
+            raise ConfigError(f"faults.events: worker {worker}'s intervals overlap; give each gone period once")
+        ends[worker] = end
+    for _, start, _ in parsed:  # the gone set only grows at an interval's start
+        if len({w for w, a, b in parsed if a <= start and (b is None or start < b)}) == n:
+            raise ConfigError(f"faults.events: all {n} workers are gone at step {start}; at least one must stay")
+    return parsed
+
+
+@dataclass
+class Faults:
+    """Who is alive at each step: the events, and the churn state (``back_at[i]``: the step a
+    churned worker returns at; ≤ t: not churned). ``alive`` is the last step's; the state
+    (``state_dict``) makes a resumed run draw what the uninterrupted one did."""
+
+    cfg: FaultsConfig
+    n: int
+    seed: int
+    events: list[tuple[int, int, int | None]] = field(default_factory=list)
+    back_at: np.ndarray = None
+    alive: np.ndarray = None
+    alive_min: int = 0
+
+    def __post_init__(self) -> None:
+        self.events = parse_events(self.cfg.events, self.n)
+        self.back_at = np.zeros(self.n, dtype=np.int64)
+        self.alive = np.ones(self.n, dtype=bool)
+        self.alive_min = self.n
+
+    def check_steps(self, total: int) -> None:
+        """Refuse events that start after the run's last step (they would say nothing)."""
+        late = [f"{w}@{a}-{'' if b is None else b}" for w, a, b in self.events if a >= total]
+        if late:
+            raise ConfigError(f"faults.events: {late[0]} starts after the run's {total} steps (0..{total - 1})")
+
+    def advance(self, t: int) -> np.ndarray:
+        """Move to step t: returns the workers that come back at t (bool [n]); ``alive`` is t's."""
+        gone = np.zeros(self.n, dtype=bool)
+        for w, a, b in self.events:
+            gone[w] |= a <= t and (b is None or t < b)
+        if self.cfg.churn:
+            rng = np.random.default_rng(np.random.SeedSequence([self.seed, CHURN_STREAM, t]))
+            leave = (rng.random(self.n) < self.cfg.churn) & ~gone & (self.back_at <= t)
+            stays = rng.geometric(1 / self.cfg.downtime, self.n)
+            if (gone | (self.back_at > t) | leave).all():
+                leave[:] = False  # the last living workers stay
+            self.back_at[leave] = t + stays[leave]
+            gone |= self.back_at > t
+        alive = ~gone
+        returning = alive & ~self.alive
+        self.alive = alive
+        self.alive_min = min(self.alive_min, int(alive.sum()))
+        return returning
+
+    def state_dict(self) -> dict:
+        return {"back_at": self.back_at.tolist(), "alive": self.alive.tolist(), "alive_min": self.alive_min}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.back_at = np.array(state["back_at"], dtype=np.int64)
+        self.alive = np.array(state["alive"], dtype=bool)
+        self.alive_min = int(state["alive_min"])
+
+
+def repair(mixing: Mixing, alive: np.ndarray, per_round: bool) -> Mixing:
+    """W on the living subgraph: a gone worker's row is e_i and no living worker reads it.
+
+    A static graph (``per_round`` False), or a round whose W is not symmetric: Metropolis–Hastings
+    weights of the induced graph, w_ij = 1/(1 + max(deg_i, deg_j)) on its edges — symmetric,
+    doubly stochastic. A symmetric W_t of a graph that changes every round: a missing partner's
+    weight goes to the worker itself (a self-loop for the round), w'_ii = 1 − Σ_{j alive} w_ij —
+    symmetric, so doubly stochastic too. Either way the mean of the living rows is kept."""
+    rows = np.broadcast_to(np.arange(mixing.n), mixing.index.shape)
+    used = (mixing.weight != 0) & alive[rows] & alive[mixing.index]
+    if per_round and _symmetric(mixing):
+        weight = np.where(used, mixing.weight, 0.0)
+        weight[0] += 1.0 - weight.sum(0)
+        return Mixing(mixing.index, weight)
+    graph = nx.Graph()
+    graph.add_nodes_from(range(mixing.n))
+    graph.add_edges_from(zip(rows[used].tolist(), mixing.index[used].tolist()))
+    return _metropolis_hastings(graph, mixing.n)
+
+
+def _symmetric(mixing: Mixing) -> bool:
+    return mixing.plan(("symmetric",), lambda: abs(mixing.sparse() - mixing.sparse().T).max() <= 1e-12)
+
+
+class LivingGraph:
+    """The gossip matrices of a topology on the living workers: :func:`repair` of W_t, the
+    repaired static W kept while the living set stays the same."""
+
+    def __init__(self, topology: Topology):
+        self.topology = topology
+        self._static: tuple[bytes, Mixing] | None = None
+
+    def mixing(self, t: int, alive: np.ndarray | None) -> Mixing:
+        w = self.topology.mixing(t)
+        if alive is None:
+            return w
+        if self.topology.kind != "static":
+            return repair(w, alive, per_round=True)
+        key = alive.tobytes()
+        if self._static is None or self._static[0] != key:
+            self._static = (key, repair(w, alive, per_round=False))
+        return self._static[1]
+
+    def components(self, alive: np.ndarray) -> int:
+        """Connected components of the living subgraph of the graph's union over rounds: the
+        groups whose models can still reach consensus with each other."""
+        from scipy.sparse.csgraph import connected_components
+
+        living = np.flatnonzero(alive)
+        return int(connected_components(self.topology.union.sparse()[living][:, living], directed=False)[0])
+
+    def neighbours(self, i: int) -> np.ndarray:
+        """Worker i's neighbours in any round (the union's slots)."""
+        u = self.topology.union
+        return np.unique(u.index[(u.weight[:, i] != 0) & (u.index[:, i] != i), i])
+
+
+def rejoin_(tensors: list[torch.Tensor], reset: list[torch.Tensor], i: int, neighbours: np.ndarray) -> None:
+    """``rejoin: neighbours``: worker i's row of each of ``tensors`` ← the mean of its neighbours'
+    rows, its row of each of ``reset`` (local optimizer state) ← 0. Rows are global indices."""
+    idx = torch.as_tensor(neighbours, device=tensors[0].device)
+    for T in tensors:
+        T[i] = T.index_select(0, idx).mean(0)
+    for T in reset:
+        T[i] = 0

@@ -1,0 +1,145 @@
+"""Workers that leave and return (gossamer.faults): quorum averages, the repaired gossip matrix,
+frozen rows of gone workers, rejoining, and a faults section without events changing nothing."""
+
+import numpy as np
+import pytest
+import torch
+from cases import SHORT
+from test_bad_input import one_line_error, sets
+from test_resume import through_bytes, untimed
+
+from gossamer.config import ConfigError, load_config
+from gossamer.engines.sim import SimEngine
+from gossamer.faults import Faults, FaultsConfig, repair
+from gossamer.topology import build_topology
+from gossamer.train import _begin_faults, build_run, train
+
+
+def test_quorum_average_is_the_plain_mean_of_the_living_rows():
+    engine, X = SimEngine(8), torch.randn(8, 5, dtype=torch.float64)
+    alive = np.array([1, 0, 1, 1, 0, 0, 1, 1], dtype=bool)
+    engine.set_alive(alive, X.device)
+    for size in (8, 4, 2):
+        Y = X.clone()
+        engine.block_mean_(Y, size) if size < 8 else engine.allreduce_mean_(Y)
+        for g in range(0, 8, size):
+            living = [i for i in range(g, g + size) if alive[i]]
+            torch.testing.assert_close(Y[living], X[living].mean(0).expand(len(living), 5), rtol=0, atol=1e-12)
+        assert torch.equal(Y[~torch.as_tensor(alive)], X[~torch.as_tensor(alive)])
+    torch.testing.assert_close(engine.mean_row(X), X[torch.as_tensor(alive)].mean(0), rtol=0, atol=0)
+    assert engine.mean_scalar(torch.arange(8.0)) == pytest.approx(np.flatnonzero(alive).mean())
+
+
+@pytest.mark.parametrize("spec", ["ring", "exponential", "torus", "one-peer-exponential", "random-matching",
+                                  "epidemic:2"])
+def test_the_repaired_matrix_is_doubly_stochastic_and_keeps_the_living_mean(spec):
+    topology, rng = build_topology(spec, 16, seed=1), np.random.default_rng(0)
+    X = np.random.default_rng(1).standard_normal((16, 3))
+    for t in range(4):
+        alive = rng.random(16) < 0.6
+        W = repair(topology.mixing(t), alive, per_round=topology.kind != "static").dense()
+        np.testing.assert_allclose(W.sum(0), 1, atol=1e-12)
+        np.testing.assert_allclose(W.sum(1), 1, atol=1e-12)
+        assert (W >= 0).all() and (W[np.ix_(alive, ~alive)] == 0).all()
+        np.testing.assert_array_equal(W[~alive], np.eye(16)[~alive])  # a gone worker's row: itself
+        np.testing.assert_allclose((W @ X)[alive].mean(0), X[alive].mean(0), atol=1e-12)
+
+
+def test_a_missing_partner_of_a_symmetric_round_is_a_self_loop():
+    w = build_topology("random-matching", 6, seed=0).mixing(3)
+    alive = np.array([0, 1, 1, 1, 1, 1], dtype=bool)
+    W, W0 = repair(w, alive, per_round=True).dense(), w.dense()
+    partner = int(np.flatnonzero(W0[0] * (np.arange(6) != 0))[0])
+    assert W[partner, partner] == W0[partner, partner] + W0[partner, 0]
+    np.testing.assert_array_equal(np.delete(np.delete(W, [0, partner], 0), [0, partner], 1),
+                                  np.delete(np.delete(W0, [0, partner], 0), [0, partner], 1))
+
+
+@pytest.mark.parametrize("case", [["algorithm=gossip", "topology=ring"],
+                                  ["algorithm=diloco", "local_steps=2", "momentum=0.9"]])
+def test_a_gone_worker_keeps_its_rows_through_its_window(case):
+    cfg = load_config(None, [*SHORT, *case, "momentum=0.9", "faults.events=[1@2-7]", "checkpoint_every=0.01"])
+    saved = {}
+    train(cfg, build_run(cfg),
+          on_checkpoint=lambda s: saved.update({s["step"]: through_bytes(s)}) if s["step"] in (2, 7) else None)
+    before, after = saved[2], saved[7]
+    rows = [("rows", "X"), ("optimizer", "rows", "momentum")] + ([("schedule", "rows", "x_outer")]
+                                                                 if "diloco" in case[0] else [])
+    for path in rows:
+        a, b = before, after
+        for key in path:
+            a, b = a[key], b[key]
+        assert torch.equal(a[1], b[1]), path
+        assert not torch.equal(a[0], b[0]), path  # the living moved on
+
+
+def test_rejoin_neighbours_takes_the_mean_of_the_living_neighbours():
+    cfg = load_config(None, [*SHORT, "workers=6", "algorithm=gossip", "topology=ring", "momentum=0.9",
+                             "faults.events=[2@0-3,3@1-]"])
+    run = build_run(cfg)
+    for t in range(3):
+        _begin_faults(run, t)
+    X, M = run.workers.X, run.optimizer.rows["momentum"]
+    X.copy_(torch.randn_like(X))
+    M.copy_(torch.randn_like(M))
+    expected = X[1].clone()  # of 2's ring neighbours 1 and 3, only 1 is alive
+    _begin_faults(run, 3)
+    assert torch.equal(X[2], expected) and (M[2] == 0).all()
+    assert run.engine.alive.tolist() == [True, True, True, False, True, True]
+
+
+def test_rejoin_without_a_graph_takes_the_mean_of_every_living_worker():
+    cfg = load_config(None, [*SHORT, "algorithm=local", "local_steps=2", "faults.events=[0@0-3]",
+                             "faults.rejoin=neighbours"])
+    run = build_run(cfg)
+    for t in range(3):
+        _begin_faults(run, t)
+    X = run.workers.X
+    X.copy_(torch.randn_like(X))
+    _begin_faults(run, 3)
+    torch.testing.assert_close(X[0], X[1:].mean(0), rtol=0, atol=1e-15)  # no graph: every living worker
+
+
+def test_churn_is_drawn_from_the_seed_and_resumes():
+    cfg = FaultsConfig(churn=0.2, downtime=3)
+    a, b = Faults(cfg, 8, seed=5), Faults(cfg, 8, seed=5)
+    trace = [a.advance(t).copy() for t in range(40)]
+    for t in range(20):
+        b.advance(t)
+    c = Faults(cfg, 8, seed=5)
+    c.load_state_dict(b.state_dict())
+    assert all(np.array_equal(c.advance(t), trace[t]) for t in range(20, 40))
+    assert 0 < a.alive_min < 8
+
+
+def test_a_faults_section_without_events_is_the_run_without_it():
+    plain = load_config(None, [*SHORT, "algorithm=gossip", "topology=ring"])
+    faulty = load_config(None, [*SHORT, "algorithm=gossip", "topology=ring", "faults.rejoin=stale"])
+    (rows_a, run_a), (rows_b, run_b) = ([], build_run(plain)), ([], build_run(faulty))
+    summary_a = train(plain, run_a, on_row=rows_a.append)
+    summary_b = train(faulty, run_b, on_row=rows_b.append)
+    assert summary_b.pop("workers_alive_min") == 4
+    assert untimed(summary_a) == untimed(summary_b)
+    assert rows_a == [{k: v for k, v in r.items() if k not in ("workers_alive", "living_components")} for r in rows_b]
+    assert torch.equal(run_a.workers.X, run_b.workers.X)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["faults.events=[4@1-3]"], "unknown worker 4"),
+    (["faults.events=[1@5-3]"], "reversed or empty"),
+    (["faults.events=[1@1-5,1@4-]"], "overlap"),
+    (["faults.events=[1 at 3]"], "is not W@A-B"),
+    (["faults.churn=1"], "faults.churn must be a probability in [0, 1)"),
+    (["faults.churn=0.1"], "faults.downtime must be in [1, 1e+09]"),
+    (["faults.events=[0@2-,1@1-,2@0-5,3@3-]"], "all 4 workers are gone at step 3"),
+    (["faults.rejoin=random"], "faults.rejoin"),
+    (["algorithm=choco", "faults.events=[1@2-3]"], "algorithm choco does not drop workers"),
+    (["engine=dist", "faults.events=[1@2-3]"], "engine dist does not drop workers"),
+])
+def test_bad_faults_are_one_line(capsys, tmp_path, overrides, fragment):
+    one_line_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "never"), *sets(*SHORT, *overrides)], fragment)
+
+
+def test_an_event_after_the_last_step_is_refused():
+    with pytest.raises(ConfigError, match="starts after the run's 12 steps"):
+        build_run(load_config(None, [*SHORT, "faults.events=[1@12-]"]))
