@@ -20,6 +20,14 @@ settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+def pytest_collection_modifyitems(items):
+    """Under pytest-xdist (``-n 2 --dist loadgroup``, the README's test command): the tests that read
+    the session's process launches (``dist_runs``) share one worker, so each launch runs once."""
+    for item in items:
+        if "dist_runs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("launches"))
+
+
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 
 

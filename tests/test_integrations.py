@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import FEATURES, HOOK_PROCESS_CASES, SHORT, combinations
+from cases import FEATURES, HOOK_PROCESS_CASES, SHORT, combinations, representatives
 from launch import SMALL
 
 from conftest import SCRIPTS
@@ -91,9 +91,10 @@ DILOCO = [f"diloco-{codec}-sgd" for codec in ("none", "qsgd:4", "random-k:0.2", 
 GENERATED = {name: (o, hook_of(o)) for name, o in {**combinations(optimizers=False), **{
     name: FEATURES[name] for name in ("diloco-streaming", "noloco")}}.items()
     if hook_of(o) is not None and (not name.startswith("diloco-") or name in DILOCO + ["diloco-streaming"])}
-# resumed: all but DiLoCo's codecs (their residuals resume as in local SGD's cases; DiLoCo's
-# per-fragment residuals and outer state in diloco-streaming's)
-RESUMED = [name for name in GENERATED if name not in DILOCO[1:]]
+# resumed: a representative subset (each algorithm once, compressed where it compresses, the codecs
+# in turn; every algorithm × codec × optimizer resumes in the simulator, tests/test_resume.py) and
+# DiLoCo's streaming and NoLoCo features (per-fragment residuals and outer state)
+RESUMED = [name for name in GENERATED if name in representatives() or name in ("diloco-streaming", "noloco")]
 
 
 def in_threads(work) -> list:

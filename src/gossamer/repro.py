@@ -221,7 +221,8 @@ def local_sgd(scale: str, quick: bool) -> Suite:
         suite = Suite(f"local-sgd (paper scale): CIFAR-10 ResNet-20, equal global batch n·B, n = {n}",
                       ["sharpness=true"], base_file="lin2020-cifar10-resnet20-minibatch.yaml")
     else:
-        suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), "sharpness=true"])
+        sharpness = ["sharpness=true", *(["sharpness_samples=100", "sharpness_iterations=5"] if quick else [])]
+        suite = Suite(f"local-sgd: equal global batch n·B, n = {n}", [*_base(quick, 4 if quick else 40), *sharpness])
     block = 2 if quick else 4
     # the small batch at n = 1 is a baseline of its own (tuned at its n); the rest are compared with the large batch
     suite.variants = [Variant("small-batch (1 worker)", ["algorithm=allreduce"], 1), *_against(
