@@ -55,6 +55,10 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
         assert mean("gradient tracking iid", "MB/worker") == pytest.approx(2 * mean("D-SGD iid", "MB/worker"), rel=1e-2)
     if suite == "time-to-accuracy":
         the_network_changes_time_not_training(out, table)
+    if suite == "faults":  # the fewest alive: 4 of 8 gone in the window; the window's Ξ² over the living
+        assert rows["ring, no faults"]["workers alive (fewest)"] == "8"
+        assert rows["ring, 4 lost mid-run, rejoin stale"]["workers alive (fewest)"] == "4"
+        assert "Fault window: steps 8–16 of 24" in table
     if suite == "topologies":  # the measures beside the accuracy, and which ranks it better
         assert rows["allreduce n=16"]["spectral gap (rounds)"] == "1.0000 (1)"
         assert float(rows["allreduce n=16"]["n_W(γ)"]) == pytest.approx(16)

@@ -25,7 +25,8 @@ and All-Reduce), ``stragglers`` (slow and jittery workers: synchronous schedules
 per-worker clocks), ``topologies`` (static, time-varying, finite-time and random per-round graphs:
 which of the spectral gap and the effective number of neighbours ranks their accuracy),
 ``low-communication`` (the DiLoCo family — compressed, streaming, NoLoCo — SPARTA and DeMo
-against all-reduced AdamW: test loss against bytes and simulated time; CPU scale only).
+against all-reduced AdamW: test loss against bytes and simulated time; CPU scale only),
+``faults`` (workers lost mid-run and churned, both rejoin modes; CPU scale only).
 """
 
 from __future__ import annotations
@@ -381,6 +382,64 @@ def topologies(scale: str, quick: bool) -> Suite:
 
 
 
+def faults(scale: str, quick: bool) -> Suite:
+    """Workers that fail and return (issue 22): All-Reduce, D-SGD on a ring and on the exponential
+    graph at n = 32, with no faults, 4 workers (spread over the ring) gone for the middle third of
+    training, and churn (each step every living worker leaves with probability P = 0.002 for a
+    geometric D = 50 steps), each with ``rejoin: neighbours`` and ``stale``. Every variant is
+    compared with the same algorithm without faults. CPU scale only (the simulator's faults)."""
+    if scale == "paper":
+        raise ConfigError("repro faults runs at --scale cpu only (faults are the simulator's)")
+    n, epochs = (8, 4) if quick else (32, 40)
+    suite = Suite(f"faults: n = {n}, workers lost and churned", [*_base(quick, epochs), "num_samples=1000" if quick
+                                                                   else "num_samples=10000"])
+    steps = epochs * (int(0.8 * (1000 if quick else 10000)) // (n * 16))
+    window = (steps // 3, 2 * steps // 3)
+    lost = [k * n // 4 + n // 8 for k in range(4)]  # 4 workers, a quarter of the ring apart
+    events = "[" + ",".join(f'"{w}@{window[0]}-{window[1]}"' for w in lost) + "]"
+    churn = ["faults.churn=0.05", "faults.downtime=5"] if quick else ["faults.churn=0.002", "faults.downtime=50"]
+    settings = [("no faults", []),
+                *[(f"4 lost mid-run, rejoin {r}", [f"faults.events={events}", f"faults.rejoin={r}"])
+                  for r in ("neighbours", "stale")],
+                *[(f"churn, rejoin {r}", [*churn, f"faults.rejoin={r}"]) for r in ("neighbours", "stale")]]
+    algorithms = [("All-Reduce", ["algorithm=allreduce"]), ("ring", ["algorithm=gossip", "topology=ring"]),
+                  ("exponential", ["algorithm=gossip", "topology=exponential"])]
+    for label, overrides in algorithms[1:2] if quick else algorithms:  # quick: the ring only
+        runs = [Variant(f"{label}, {setting}", [*overrides, *fault], n) for setting, fault in settings]
+        suite.variants += _against(runs[0], runs[1:])
+    suite.report = lambda suite, configs, out, seeds: _faults_report(suite, configs, out, seeds, window, steps)
+    return suite
+
+
+def _faults_report(suite: Suite, configs: dict, out: Path, seeds: range, window: tuple[int, int],
+                   steps: int) -> str:
+    """Accuracy of x̄ over the living, mean Ξ² before, during and after the fault window, the
+    fewest workers alive, rounds; Ξ² over training with the window marked (lost workers, and churn)."""
+    spe = steps / configs[suite.variants[0].name].epochs
+    bounds = [window[0] / spe, window[1] / spe]
+    summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
+    metrics = test_metrics([s for runs in summaries.values() for s in runs])
+    head = ["variant", *[f"{x_bar} (x̄, living)" for _, x_bar, _, _ in metrics],
+            *[f"mean Ξ² {part}" for part in ("before", "during", "after")], "workers alive (fewest)", "comm rounds"]
+    lines = [f"Fault window: steps {window[0]}–{window[1]} of {steps} (epochs {bounds[0]:g}–{bounds[1]:g}); "
+             "Ξ² and accuracy are over the living workers. Mean ± 95 % interval over seeds.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in suite.variants:
+        parts = [phase_means(out / f"{_slug(v.name)}-seed{s}" / "metrics.jsonl", bounds) for s in seeds]
+        runs = summaries[v.name]
+        lines.append("| " + " | ".join([
+            v.name, *[ci_cell([s[key] for s in runs], fmt) for key, _, _, fmt in metrics],
+            *[ci_cell([p[k] for p in parts], "{:.2e}") for k in range(3)],
+            ci_cell([s.get("workers_alive_min", v.workers) for s in runs], "{:.0f}"),
+            ci_cell([s["comm_rounds"] for s in runs], "{:.0f}")]) + " |")
+    for kind, words in (("lost", "lost mid-run"), ("churn", "churn")):
+        chosen = [v for v in suite.variants if words in v.name or v.name.endswith("no faults")]
+        plot_consensus({v.name: out / f"{_slug(v.name)}-seed{seeds[0]}" / "metrics.jsonl" for v in chosen}, bounds,
+                       out / f"consensus-{kind}.png", f"{suite.title}: {words} (dashed: the fault window)")
+        lines += ["", f"![Ξ² over training, {words}](consensus-{kind}.png)"]
+    return "\n".join(lines) + "\n"
+
+
 LOWCOMM_NETWORKS = ("wan-100m", "ethernet-1g")  # between data centres, and a slow cluster
 LOWCOMM_COMPUTE_MS = 10  # one worker's compute per step, assumed (the time columns scale with it)
 
@@ -460,7 +519,8 @@ SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling,
                                                    "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
                                                    "time-to-accuracy": time_to_accuracy,
                                                    "heterogeneous": heterogeneous, "stragglers": stragglers,
-                                                   "topologies": topologies, "low-communication": low_communication}
+                                                   "topologies": topologies, "low-communication": low_communication,
+                                                   "faults": faults}
 
 
 def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
