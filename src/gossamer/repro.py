@@ -391,8 +391,7 @@ def faults(scale: str, quick: bool) -> Suite:
     if scale == "paper":
         raise ConfigError("repro faults runs at --scale cpu only (faults are the simulator's)")
     n, epochs = (8, 4) if quick else (32, 40)
-    suite = Suite(f"faults: n = {n}, workers lost and churned", [*_base(quick, epochs), "num_samples=1000" if quick
-                                                                   else "num_samples=10000"])
+    suite = Suite(f"faults: n = {n}, workers lost and churned", _base(quick, epochs))
     steps = epochs * (int(0.8 * (1000 if quick else 10000)) // (n * 16))
     window = (steps // 3, 2 * steps // 3)
     lost = [k * n // 4 + n // 8 for k in range(4)]  # 4 workers, a quarter of the ring apart
