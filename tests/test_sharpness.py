@@ -83,7 +83,7 @@ def test_sharpness_is_taken_with_the_batchnorm_statistics_bn_eval_gives_x_bar(tm
     mean (average) or re-estimated with x̄ (recompute) — so the two differ."""
     write_cifar(tmp_path)
     base = ["dataset=cifar10", f"data_dir={tmp_path}", "model=resnet20", "workers=2", "batch_size=10", "epochs=1",
-            "sharpness=true", "sharpness_samples=20", "sharpness_iterations=3"]
+            "sharpness=true", "sharpness_samples=20", "sharpness_iterations=3", "eval_local=none"]
     found = {}
     for bn_eval in ("average", "recompute"):
         run = build_run(load_config(None, [*base, f"bn_eval={bn_eval}"]))
