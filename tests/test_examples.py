@@ -57,6 +57,17 @@ def test_diloco_with_a_user_outer_optimizer(tmp_path):
     assert result["consensus_distance_sq"] == 0 and result["comm_rounds"] == 4
 
 
+def test_hugging_face_trainer_with_diloco_on_two_processes(tmp_path):
+    """transformers.Trainer (DDP, a tiny GPT-2 from a config) with DiLoCo attached by a callback:
+    DDP keeps the gradients local between the outer steps (Ξ² > 0), every H = 5 optimizer steps
+    an outer step (4 in 20), Ξ² = 0 after the last, and the loss falls."""
+    result = run_example("hf_trainer_diloco.py", "--steps", "20", "--local-steps", "5", "--out", str(tmp_path / "hf"),
+                         cwd=tmp_path)
+    assert result["outer_steps"] == 4 and result["consensus_distance_sq"] == 0
+    assert result["min_xi_sq_between"] > 0
+    assert result["last_loss"] < 0.8 * result["first_loss"]
+
+
 def test_lightning_trainer_with_ddp_on_two_cpu_processes(tmp_path):
     """Trainer(accelerator="cpu", devices=2, strategy="ddp"): Lightning's logger gets Ξ² every
     step; it is 0 after each average (every 4 steps) and not between (DDP kept the gradients local);
