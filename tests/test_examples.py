@@ -60,7 +60,10 @@ def test_diloco_with_a_user_outer_optimizer(tmp_path):
 def test_hugging_face_trainer_with_diloco_on_two_processes(tmp_path):
     """transformers.Trainer (DDP, a tiny GPT-2 from a config) with DiLoCo attached by a callback:
     DDP keeps the gradients local between the outer steps (Ξ² > 0), every H = 5 optimizer steps
-    an outer step (4 in 20), Ξ² = 0 after the last, and the loss falls."""
+    an outer step (4 in 20), Ξ² = 0 after the last, and the loss falls. Needs the [hf] extra, which
+    the 3-minute suite leaves out (with transformers installed, Lightning's import takes 3 s more):
+    .ci/run installs it after the suite and runs this test."""
+    pytest.importorskip("transformers", reason="the [hf] extra: pip install 'gossamer[hf]'")
     result = run_example("hf_trainer_diloco.py", "--steps", "20", "--local-steps", "5", "--out", str(tmp_path / "hf"),
                          cwd=tmp_path)
     assert result["outer_steps"] == 4 and result["consensus_distance_sq"] == 0
