@@ -377,17 +377,24 @@ def _metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
     return Mixing(index, weight)
 
 
+def regular_degree(name: str, arg: str | None, default: int, letter: str, n: int) -> int:
+    """The degree of a regular graph on n workers from its parameter: 1 <= degree < n, n·degree even."""
+    d = _parse_int(name, arg, default=default, what=f"degree {letter}")
+    if d < 1:
+        raise TopologyError(f"topology '{name}' needs degree {letter} >= 1, got {letter} = {short(str(d))}")
+    if d >= n:
+        raise TopologyError(f"topology '{name}' needs degree {letter} < n, got {letter} = {short(str(d))}, n = {n}")
+    if (n * d) % 2:
+        raise TopologyError(f"topology '{name}' needs n·{letter} even (a {letter}-regular graph), got n = {n}, "
+                            f"{letter} = {d}")
+    return d
+
+
 @TOPOLOGIES.register("random-regular", spec="random-regular[:D]", takes="optional",
                      help="random D-regular graph (default 4), Metropolis–Hastings weights")
 def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
     name = "random-regular"
-    d = _parse_int(name, arg, default=4, what="degree D")
-    if d < 1:
-        raise TopologyError(f"topology '{name}' needs degree D >= 1, got D = {short(str(d))}")
-    if d >= n:
-        raise TopologyError(f"topology '{name}' needs degree D < n, got D = {short(str(d))}, n = {n}")
-    if (n * d) % 2:
-        raise TopologyError(f"topology '{name}' needs n·D even, got n = {n}, D = {d}")
+    d = regular_degree(name, arg, 4, "D", n)
     return _first_connected(lambda s: nx.random_regular_graph(d, n, seed=s), f"{name}:{d}", n, seed, "D")
 
 

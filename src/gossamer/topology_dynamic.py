@@ -43,6 +43,7 @@ from .topology import (
     _circulant,
     _identity,
     _parse_int,
+    regular_degree,
     _slots,
 )
 
@@ -90,13 +91,7 @@ def _regular(n: int, s: int, rng: np.random.Generator) -> Mixing:
 @TOPOLOGIES.register("epidemic", spec="epidemic:S", takes="required", example=("2",),
                      help="random, per round: a random S-regular graph, weights 1/(S+1) (Epidemic Learning's EL-Oracle)")
 def _epidemic(n: int, arg: str, seed: int) -> RandomRounds:
-    s = _parse_int("epidemic", arg, default=0, what="degree S")
-    if s < 1:
-        raise TopologyError(f"topology 'epidemic' needs a degree S >= 1, got S = {short(str(s))}")
-    if s >= n:
-        raise TopologyError(f"topology 'epidemic' needs S < n, got S = {short(str(s))}, n = {n}")
-    if (n * s) % 2:
-        raise TopologyError(f"topology 'epidemic' needs n·S even (an S-regular graph), got n = {n}, S = {s}")
+    s = regular_degree("epidemic", arg, 0, "S", n)
     return RandomRounds(lambda rng: _regular(n, s, rng), symmetry="exchangeable")
 
 
