@@ -239,3 +239,22 @@ def test_compare_shows_the_metrics_of_each_task(tmp_path, capsys):
     assert table.splitlines()[2] == "| a | 1.5000 | 1.6000 | 4.48 | 4.95 | 5.000e-01 | 3 | 2.00 |"
     acc = comparison_table({"c": {**common, "test_accuracy": 0.9, "test_accuracy_local_mean": 0.8}})
     assert acc.splitlines()[0] == "| run | test acc | local acc | final Ξ² | comm rounds | MB/worker |"
+
+
+def test_the_demo_reads_its_sentences_off_its_numbers():
+    """The gap, the share of it control closes and the extra rounds come from the summaries; a run
+    where the ring does not fall behind says so instead of claiming the papers' finding."""
+    from gossamer.cli import demo_story
+
+    def runs(allreduce, ring, controlled):
+        return {"allreduce": {"test_accuracy": allreduce, "comm_rounds": 300},
+                "gossip-ring": {"test_accuracy": ring, "comm_rounds": 300},
+                "gossip-ring-controlled": {"test_accuracy": controlled, "comm_rounds": 900, "extra_gossip_rounds": 600}}
+    xi = {"gossip-ring": 0.4, "gossip-ring-controlled": 0.02}
+    first, second, third = demo_story(runs(0.68, 0.62, 0.665), xi)
+    assert "falls 6.0 points behind" in first and "0.4" in first
+    assert "closes 75 % of the gap" in second and "600 extra gossip rounds (2.0× the ring's 300)" in second
+    assert third.startswith("This is Kong et al.'s finding")
+    first, second, third = demo_story(runs(0.60, 0.61, 0.60), xi)
+    assert "did not fall behind" in first and "does not show it" in third
+    assert "closes" not in second
