@@ -47,6 +47,10 @@ FEATURES = {
                            "compute_jitter=lognormal:0.5", "weight_decay=0.01"],
     "gossip-faults": ["algorithm=gossip", "topology=ring", "momentum=0.9", "faults.events=[1@2-7]", "faults.churn=0.1",
                       "faults.downtime=2"],
+    "hierarchical-faults": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "momentum=0.9",
+                            "faults.events=[0@1-5,3@4-]"],
+    "diloco-faults-stale": ["algorithm=diloco", "local_steps=2", "faults.churn=0.15", "faults.downtime=2",
+                            "faults.rejoin=stale"],
     "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
                        "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }
@@ -143,7 +147,8 @@ def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
 
 
 DIST_CASES = {2: on_dist(representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES))),
-              4: {**on_dist(representatives()), **ROUND_TOPOLOGY_CASES}}
+              4: {**on_dist(representatives(features=("gossip-ring", "gossip-frequency", "simulated-time",
+                                                      "hierarchical-faults"))), **ROUND_TOPOLOGY_CASES}}
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"

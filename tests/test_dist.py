@@ -196,9 +196,10 @@ def test_a_signal_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(tmp
     from test_durable import assert_same_run
 
     # a representative subset of tests/cases.py, stopped at step 7: after post-local's switch
-    # (compressed, with error feedback) and inside the gossip example's middle phase
+    # (compressed, with error feedback), inside the gossip example's middle phase, and inside worker 1's
+    # absence (faults)
     cases = [[name, SHORT + all_cases(optimizers=False)[name]]
-             for name in ("post-local-ef-sign-sgd", "gossip-none-sgd", "choco-random-k:0.2-sgd")]
+             for name in ("post-local-ef-sign-sgd", "gossip-none-sgd", "choco-random-k:0.2-sgd", "gossip-faults")]
     (tmp_path / "cases.json").write_text(json.dumps(cases))
     proc = torchrun(2, str(SCRIPTS / "resume.py"), str(tmp_path), str(tmp_path / "cases.json"), "7",
                     cwd=tmp_path, timeout=240)
@@ -213,11 +214,14 @@ def test_a_signal_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(tmp
 def test_a_rank_killed_under_torchrun_max_restarts_resumes_and_a_checkpoint_resumes_on_other_process_counts(tmp_path):
     """Elastic restarts: rank 1 killed by SIGKILL mid-run, torchrun --max-restarts 1 restarts both
     ranks, --resume-if-exists continues from the last checkpoint: the straight run's summary. Then
-    the 2-process checkpoint resumes (epochs 1 → 2) on 1 process: the simulator's run to 1e-10."""
+    the 2-process checkpoint resumes (epochs 1 → 2) on 1 process: the simulator's run to 1e-10.
+    With faults throughout: worker 1 (of rank 0) gone across the kill and back in the resumed
+    part, and churn; the checkpoints carry the fault state across process counts."""
     from conftest import small_config
     from gossamer.train import build_run, train
 
-    overrides = [*SMALL, "engine=dist", "algorithm=gossip", "topology=ring", "checkpoint_every=0.25"]
+    overrides = [*SMALL, "engine=dist", "algorithm=gossip", "topology=ring", "checkpoint_every=0.25",
+                 "faults.events=[1@2-16]", "faults.churn=0.05", "faults.downtime=3"]
     proc = torchrun(2, "--max-restarts", "1", str(SCRIPTS / "elastic.py"), str(tmp_path), "7", *sets(overrides),
                     cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-6000:]

@@ -134,7 +134,6 @@ def test_a_faults_section_without_events_is_the_run_without_it():
     (["faults.events=[0@2-,1@1-,2@0-5,3@3-]"], "all 4 workers are gone at step 3"),
     (["faults.rejoin=random"], "faults.rejoin"),
     (["algorithm=choco", "faults.events=[1@2-3]"], "algorithm choco does not drop workers"),
-    (["engine=dist", "faults.events=[1@2-3]"], "engine dist does not drop workers"),
 ])
 def test_bad_faults_are_one_line(capsys, tmp_path, overrides, fragment):
     one_line_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "never"), *sets(*SHORT, *overrides)], fragment)

@@ -9,7 +9,8 @@ do not change. The averages of All-Reduce, local SGD and DiLoCo are over the liv
 quorum); gossip mixes with :func:`repair` of W_t on the living subgraph; Ξ², x̄, the losses and
 the accuracies are over the living. A returning worker (``rejoin``) comes back with the state it
 left with (``stale``) or takes the mean of its living neighbours' rows and a zeroed local
-optimizer state (``neighbours``). Churn never takes the last living worker (the step's leaves
+optimizer state (``neighbours``). Every process draws the same fault state from the seed, so the
+dist engine drops the same workers as the simulator, wherever their rows are held. Churn never takes the last living worker (the step's leaves
 are then cancelled); events that leave no worker alive are refused.
 """
 
@@ -62,9 +63,6 @@ def _check_supported(cfg) -> None:
     if cfg.algorithm not in FAULT_ALGORITHMS:
         raise ConfigError(f"faults: algorithm {cfg.algorithm} does not drop workers; use one of: "
                           f"{', '.join(FAULT_ALGORITHMS)}")
-    if cfg.engine != "sim":
-        raise ConfigError("faults: engine dist does not drop workers (a lost process is restarted from its "
-                          "checkpoint instead, see docs/faults.md); use engine: sim")
     if cfg.network is not None:
         raise ConfigError("faults: the network time model does not price gone workers; drop the network section")
     if getattr(cfg, "compression", "none") != "none":
@@ -210,11 +208,16 @@ class LivingGraph:
         return np.unique(u.index[(u.weight[:, i] != 0) & (u.index[:, i] != i), i])
 
 
-def rejoin_(tensors: list[torch.Tensor], reset: list[torch.Tensor], i: int, neighbours: np.ndarray) -> None:
+def rejoin_(engine, tensors: list[torch.Tensor], reset: list[torch.Tensor], i: int, neighbours: np.ndarray) -> None:
     """``rejoin: neighbours``: worker i's row of each of ``tensors`` ← the mean of its neighbours'
-    rows, its row of each of ``reset`` (local optimizer state) ← 0. Rows are global indices."""
+    rows, its row of each of ``reset`` (local optimizer state) ← 0. ``i`` and ``neighbours`` are
+    global indices; the tensors hold the ``engine``'s rows, which fetches the neighbours' rows
+    from wherever they are held (every process takes part)."""
     idx = torch.as_tensor(neighbours, device=tensors[0].device)
+    here = i - engine.rows.start if i in engine.rows else None
     for T in tensors:
-        T[i] = T.index_select(0, idx).mean(0)
-    for T in reset:
-        T[i] = 0
+        mean = engine.rows_mean(T, idx)
+        if here is not None:
+            T[here] = mean
+    for T in reset if here is not None else []:
+        T[here] = 0

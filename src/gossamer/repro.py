@@ -387,9 +387,9 @@ def faults(scale: str, quick: bool) -> Suite:
     graph at n = 32, with no faults, 4 workers (spread over the ring) gone for the middle third of
     training, and churn (each step every living worker leaves with probability P = 0.002 for a
     geometric D = 50 steps), each with ``rejoin: neighbours`` and ``stale``. Every variant is
-    compared with the same algorithm without faults. CPU scale only (the simulator's faults)."""
+    compared with the same algorithm without faults. CPU scale only (no paper-scale workload is defined)."""
     if scale == "paper":
-        raise ConfigError("repro faults runs at --scale cpu only (faults are the simulator's)")
+        raise ConfigError("repro faults runs at --scale cpu only (it has no paper configuration)")
     n, epochs = (8, 4) if quick else (32, 40)
     suite = Suite(f"faults: n = {n}, workers lost and churned", _base(quick, epochs))
     steps = epochs * (int(0.8 * (1000 if quick else 10000)) // (n * 16))

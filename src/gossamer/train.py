@@ -492,7 +492,7 @@ def _state_rows(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 def _begin_faults(run: Run, t: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Step t's living workers to the engine; the returning ones rejoin (``neighbours``: the mean
     of their living neighbours' rows, optimizer state zeroed; ``stale``: as they left). Returns
-    (tensor, gone rows, their values) to put back after the step: a gone worker changes nothing."""
+    (tensor, local gone rows, their values) to put back after the step: a gone worker changes nothing."""
     faults, e = run.faults, run.engine
     returning = faults.advance(t)
     e.set_alive(faults.alive, run.workers.X.device)
@@ -502,10 +502,11 @@ def _begin_faults(run: Run, t: int) -> list[tuple[torch.Tensor, torch.Tensor, to
             peers = np.arange(run.cfg.workers) if run.graph is None else run.graph.neighbours(i)
             peers = peers[faults.alive[peers] & ~returning[peers]]
             if len(peers):
-                rejoin_(shared, local, int(i), peers)
+                rejoin_(e, shared, local, int(i), peers)
     if e.alive is None:
         return []
-    gone = torch.as_tensor(np.flatnonzero(~faults.alive), device=run.workers.X.device)
+    gone_here = ~faults.alive[e.rows.start : e.rows.stop]
+    gone = torch.as_tensor(np.flatnonzero(gone_here), device=run.workers.X.device)
     return [(T, gone, T[gone].clone()) for T in shared + local]
 
 

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -22,6 +23,7 @@ from gossamer.cli import main
 from gossamer.codecs import QSGD, SignCodec, TopK
 from gossamer.engines.dist import DistEngine
 from gossamer.engines.sim import SimEngine
+from gossamer.faults import repair
 from gossamer.topology import build_topology
 
 
@@ -66,6 +68,23 @@ def engine_checks(n: int, d: int = 37) -> dict:
     check("mean_row", lambda e, X: e.mean_row(X))
     check("consensus_distance_sq", lambda e, X: e.consensus_distance_sq(X))
     check("mean_scalar", lambda e, X: e.mean_scalar(X[:, 0]))
+    # faults: workers 1 and n - 1 gone (with n = 2, worker 1 alone); the same operators over the living
+    alive = np.ones(n, dtype=bool)
+    alive[[1, n - 1]] = False
+    for e in (sim, eng):
+        e.set_alive(alive, full.device)
+    living = repair(ring.mixing(0), alive, per_round=False)
+    check("living allreduce_mean_", lambda e, X: e.allreduce_mean_(X))
+    for size in sorted({2, 4, n} & set(range(1, n + 1))):
+        if n % size == 0:
+            check(f"living block_mean_({size})", lambda e, X, s=size: e.block_mean_(X, s))
+    check("living gossip ring", lambda e, X: [e.gossip_(X, living) for _ in range(3)] and None)
+    check("living mean_row", lambda e, X: e.mean_row(X))
+    check("living consensus_distance_sq", lambda e, X: e.consensus_distance_sq(X))
+    check("living mean_scalar", lambda e, X: e.mean_scalar(X[:, 0]))
+    check("rows_mean (a rejoining worker's fetch)", lambda e, X: e.rows_mean(X, torch.tensor([0, n - 1])))
+    for e in (sim, eng):
+        e.set_alive(np.ones(n, dtype=bool), full.device)
     comm_equal = eng.comm == sim.comm
     eng.close()
     return {"diffs": diffs, "comm_equal": comm_equal, "comm": vars(eng.comm), "ring_sent": ring_sent}

@@ -14,8 +14,10 @@ implements only the primitives, each the minimum a real network must do:
 - ``_gather_scalars(values)``: one value per worker, all n of them in worker order;
 - ``gather_rows(T)``: the full [n, ...] tensor of a local [m, ...] one, where the run is written;
 - ``_any(flag)``: whether any process's flag is set (to stop or checkpoint together);
-- ``_living_mean_(X, size)`` and ``_living_row_mean(X)``: the same means over the living rows
-  only (``alive``, with faults; gone rows unchanged) — the simulator's.
+- ``_living_mean_(X, size)``: the group mean over each group's living rows only (``alive``,
+  with faults; gone rows unchanged);
+- ``_rows_mean(T, workers)``: the mean of the rows of the given workers (global indices), on
+  every process: x̄ over the living, and what a rejoining worker fetches from its neighbours.
 
 This base turns them into the operators that schedules call, counts each in ``comm`` (the
 algorithm's traffic by level, measurement traffic apart), and computes Ξ² and the other metrics
@@ -74,7 +76,7 @@ class Engine:
         self._scratch: torch.Tensor | None = None
         self.alive: np.ndarray | None = None  # bool [n]: the living workers (faults); None: all of them
         self._living: torch.Tensor | None = None  # bool [m, 1]: which local rows are alive
-        self._living_rows: torch.Tensor | None = None  # ... their local indices
+        self._alive_ids: torch.Tensor | None = None  # the living workers' global indices
 
     def set_alive(self, alive: np.ndarray, device: torch.device) -> None:
         """The workers alive at this step (bool [n]): the averages and metrics are over them."""
@@ -82,7 +84,7 @@ class Engine:
         if self.alive is not None:
             local = alive[self.rows.start : self.rows.stop]
             self._living = torch.as_tensor(local, device=device).unsqueeze(1)
-            self._living_rows = torch.as_tensor(np.flatnonzero(local), device=device)
+            self._alive_ids = torch.as_tensor(np.flatnonzero(alive), device=device)
 
     def _living_ids(self, over: Sequence[int] | None) -> Sequence[int] | None:
         """The workers a mean is over: ``over`` (None: all) less the gone ones."""
@@ -144,7 +146,7 @@ class Engine:
     def mean_row(self, X: torch.Tensor) -> torch.Tensor:
         """x̄ = (1/n) Σ_i x_i over all (living) workers, without changing X: an all-reduce of d values."""
         self.comm.allreduce(X.shape[1], self.n, level=METRICS)
-        return self._row_mean(X) if self.alive is None else self._living_row_mean(X)
+        return self._row_mean(X) if self.alive is None else self._rows_mean(X, self._alive_ids)
 
     def mean_scalar(self, values: torch.Tensor, over: Sequence[int] | None = None) -> float:
         """Mean over all n workers (or the workers ``over``, global indices) of a per-worker scalar
@@ -166,6 +168,11 @@ class Engine:
         return {s.name: per_coordinate[s.offset : s.offset + s.numel].sum().item() for s in slots}
 
     # ------------------------------------------------------------------ bookkeeping (not counted)
+
+    def rows_mean(self, T: torch.Tensor, workers: torch.Tensor) -> torch.Tensor:
+        """The mean of the rows of ``workers`` (global indices) of a local [m, ...] tensor, on every
+        process: what a rejoining worker fetches from its neighbours (faults; not counted)."""
+        return self._rows_mean(T, workers)
 
     def any_worker(self, flags: torch.Tensor) -> bool:
         """Whether any worker of any process raised its flag (local bools [m]): every process
@@ -209,7 +216,7 @@ class Engine:
     def _living_mean_(self, X: torch.Tensor, size: int) -> None:
         raise NotImplementedError
 
-    def _living_row_mean(self, X: torch.Tensor) -> torch.Tensor:
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:

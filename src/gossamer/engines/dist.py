@@ -17,6 +17,13 @@ counts and metrics of :class:`~gossamer.engines.base.Engine` are the simulator's
 - x̄ and scalar means: an all-reduce of the row sum and an all-gather of one scalar per worker,
   averaged in global worker order (as the simulator does).
 
+With faults (``alive``), every process knows who is alive (the fault state is drawn from the
+seed alike everywhere): a group mean over the living is an all-reduce of the sum of the local
+living rows, divided by the group's living count, written to the living rows only; x̄ over the
+living, and the mean of a rejoining worker's neighbours, an all-reduce of the sum of the local
+rows among them. A gone worker's row of a repaired W is e_i and no living worker reads it, so
+gossip sends it nothing and it sends nothing.
+
 With ``timed``, the wall time spent in the collectives of the algorithm's operators and of
 measurement is kept apart (:meth:`take_comm_seconds`): the communication a real network took,
 next to what the time model of :mod:`gossamer.network` predicts. Bookkeeping is not timed.
@@ -175,6 +182,25 @@ class DistEngine(Engine):
                 self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True),
                           timed="algorithm")
                 part.copy_((total / size).expand_as(part))
+
+    def _living_mean_(self, X: torch.Tensor, size: int) -> None:
+        for local, group, _ in self._blocks(size):
+            part, alive = X[local], self._living[local]
+            first = (self.rows.start + local.start) // size * size  # the block's first worker
+            total = part.mul(alive).sum(0)
+            if group is not None:
+                self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True),
+                          timed="algorithm")
+            count = max(1, int(self.alive[first : first + size].sum()))
+            part.copy_(torch.where(alive, total / count, part))
+
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor) -> torch.Tensor:
+        lo, hi = self.rows.start, self.rows.stop
+        total = T.index_select(0, workers[(workers >= lo) & (workers < hi)] - lo).sum(0)
+        if total.numel():
+            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True),
+                      timed="metrics")
+        return total / len(workers)
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Receive the rows this block's workers mix in, then combine: W X for the local rows."""

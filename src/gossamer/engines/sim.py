@@ -84,8 +84,8 @@ class SimEngine(Engine):
         means = blocks.mul(alive).sum(1, keepdim=True).div_(alive.sum(1, keepdim=True).clamp(min=1))
         blocks.copy_(torch.where(alive, means, blocks))
 
-    def _living_row_mean(self, X: torch.Tensor) -> torch.Tensor:
-        return X.index_select(0, self._living_rows).mean(0)
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor) -> torch.Tensor:
+        return T.index_select(0, workers).mean(0)
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
         return values
