@@ -109,7 +109,7 @@ def private_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def cifar_case(tmp_path_factory) -> list[str]:
-    data = write_cifar(tmp_path_factory.mktemp("cifar"), train=128, test=32)
+    data = write_cifar(tmp_path_factory.mktemp("cifar"), train=64, test=32)
     return ["dataset=cifar10", f"data_dir={data}", "model=resnet20", "workers=4", "epochs=1", "batch_size=4",
             "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop", "algorithm=gossip",
             "bn_eval=recompute"]
