@@ -145,6 +145,12 @@ def test_repro_runs_the_seeds_from_first_seed_at_the_tuned_rate(tmp_path, monkey
     assert "`gossamer repro ring-scaling --seeds 2 --first-seed 3 --quick --tune lr=[0.001,0.002]`" in text
     assert "over K = 2 seeds (3, 4)" in text and "| allreduce n=4 | 0.002 | val accuracy 0.8035 ± " in text
     assert "| ring n=8 | allreduce n=8 | " in text and "Δ per seed (3, 4)" in text
+    assert "**At the grid's edge** (allreduce n=4: 0.002 is the grid's largest value; allreduce n=8: " in text
+
+
+def test_a_choice_at_the_grids_edge_is_flagged():
+    assert [repro.grid_edge([0.1, 0.2, 0.4], v) for v in (0.1, 0.2, 0.4)] == ["smallest", None, "largest"]
+    assert repro.grid_edge([0.1], 0.1) is None and repro.grid_edge(["adam", "sgd"], "adam") is None
 
 
 def test_bad_repro_seed_and_tune_options_are_refused(capsys):

@@ -595,7 +595,17 @@ def tune(suite: Suite, key: str, grid: list, seeds: range, out: Path, train_run:
             raise ConfigError(f"--tune {key}: {v.name} diverged at every value of {grid}; try smaller values")
         best = max(finite, key=lambda i: (sign * sum(scores[i]) / len(seeds), -i))
         tuned[v.name] = Tuned(grid[best], metric, scores)
+        if edge := grid_edge(grid, grid[best]):
+            log(f"[tune] {v.name}: {key}={grid[best]} is the grid's {edge} value; the best may lie beyond it: "
+                f"widen the grid and re-run")
     return tuned
+
+
+def grid_edge(grid: list, value) -> str | None:
+    """"smallest" or "largest" when ``value`` is that end of a numeric ``grid`` of several values."""
+    if len(grid) < 2 or not all(isinstance(g, (int, float)) for g in grid):
+        return None
+    return "smallest" if value == min(grid) else "largest" if value == max(grid) else None
 
 
 def _tuning_section(suite: Suite, key: str, grid: list, tuned: dict[str, Tuned], fraction: str) -> str:
@@ -615,6 +625,11 @@ def _tuning_section(suite: Suite, key: str, grid: list, tuned: dict[str, Tuned],
                     f"diverged in {row.count(None)} of {len(row)} seeds")
             lines.append(f"| {name} | {value} | {t.metric.replace('_', ' ')} {cell} | "
                          f"{'**chosen**' if value == t.value else ''} |")
+    edges = [f"{name}: {t.value} is the grid's {grid_edge(grid, t.value)} value" for name, t in tuned.items()
+             if grid_edge(grid, t.value)]
+    if edges:
+        lines += ["", f"**At the grid's edge** ({'; '.join(edges)}): the best {key} may lie beyond the grid; "
+                      f"widen it and re-run."]
     return "\n".join(lines) + "\n\n"
 
 
