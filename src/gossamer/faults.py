@@ -10,8 +10,9 @@ quorum); gossip mixes with :func:`repair` of W_t on the living subgraph; Ξ², x
 the accuracies are over the living. A returning worker (``rejoin``) comes back with the state it
 left with (``stale``) or takes the mean of its living neighbours' rows and a zeroed local
 optimizer state (``neighbours``). Every process draws the same fault state from the seed, so the
-dist engine drops the same workers as the simulator, wherever their rows are held. Churn never takes the last living worker (the step's leaves
-are then cancelled); events that leave no worker alive are refused.
+dist engine drops the same workers as the simulator, wherever their rows are held. Churn never
+takes the last living worker (the step's leaves are then cancelled); events that leave no worker
+alive are refused.
 """
 
 from __future__ import annotations

@@ -496,6 +496,8 @@ def _begin_faults(run: Run, t: int) -> list[tuple[torch.Tensor, torch.Tensor, to
     faults, e = run.faults, run.engine
     returning = faults.advance(t)
     e.set_alive(faults.alive, run.workers.X.device)
+    if e.alive is None and not returning.any():  # all alive, none back: nothing to fetch or freeze
+        return []
     shared, local = _state_rows(run)
     if faults.cfg.rejoin == "neighbours":
         for i in np.flatnonzero(returning):
