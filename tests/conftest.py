@@ -1,10 +1,11 @@
-import os
-
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from hypothesis import settings
 from cases import ACCEPTANCE, CIFAR_CASE, DIST_CASES, HOOK_PROCESS_CASES, SHORT
 from launch import SMALL, finish, sets, spawn
@@ -19,14 +20,6 @@ from gossamer.train import build_run, train
 settings.register_profile("ci", derandomize=True)
 settings.register_profile("explore", max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-def pytest_collection_modifyitems(items):
-    """Under pytest-xdist (``-n 2 --dist loadgroup``, the README's test command): the tests that read
-    the session's process launches (``dist_runs``) share one worker, so each launch runs once."""
-    for item in items:
-        if "dist_runs" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("launches"))
-
 
 SCRIPTS = Path(__file__).resolve().parent / "dist_scripts"
 
@@ -121,30 +114,48 @@ def dist_runs(tmp_path_factory, cifar_case):
     tests/dist_scripts/parity.py (the dist tests), and the 4-process one also the hooks' process
     checks (tests/dist_scripts/hooks.py, into ROOT/hooks). The processes are started with
     torchrun's environment (rank 0 hosts the store); torchrun itself, its agent's store and its
-    restarts, is exercised by the elastic-restart test."""
+    restarts, is exercised by the elastic-restart test.
+
+    Under pytest-xdist (``-n 2``, the README's test command) the workers share each launch: the
+    first to need it runs it under a file lock in the session's common temporary folder, the
+    other waits for it and reads the same runs."""
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's folder, above each worker's own
     roots = {}
 
     def get(procs: int) -> Path:
         if procs not in roots:
-            root = tmp_path_factory.mktemp(f"dist{procs}")
-            runs = ([[name, SHORT + o] for name, o in DIST_CASES[procs].items()] + [[CIFAR_CASE, cifar_case]]
-                    + [["acceptance", ACCEPTANCE]])
-            cases = {"runs": runs}
-            if procs == 4:
-                cases["hooks"] = {
-                    "parity": [[name, SMALL + overrides, hook] for name, (overrides, hook) in HOOK_PROCESS_CASES.items()],
-                    "resume": [[name, SMALL + overrides, hook, [3, 8]]
-                               for name, (overrides, hook) in HOOK_PROCESS_CASES.items()]}
-            (root / "cases.json").write_text(json.dumps(cases))
-            argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
-            results = finish(spawn(procs, argv, cwd=root), 300)
-            for code, out, err in results:
-                assert code == 0, err[-3000:]
-            # rank 0 alone prints, once per run
-            assert [out.count("run written to") for _, out, _ in results] == [len(runs)] + [0] * (procs - 1)
+            root = shared / f"dist{procs}"
+            with FileLock(f"{root}.lock"):
+                if not (root / "launched").exists():
+                    _launch(root, procs, cifar_case)
             roots[procs] = root
         return roots[procs]
     return get
+
+
+def _launch(root: Path, procs: int, cifar_case: list[str]) -> None:
+    """One launch of tests/dist_scripts/parity.py on ``procs`` processes into ``root`` (see
+    dist_runs); ``root/launched`` marks it complete."""
+    shutil.rmtree(root, ignore_errors=True)  # what a launch that failed on the other worker left
+    root.mkdir()
+    runs = ([[name, SHORT + o] for name, o in DIST_CASES[procs].items()] + [[CIFAR_CASE, cifar_case]]
+            + [["acceptance", ACCEPTANCE]])
+    cases = {"runs": runs}
+    if procs == 4:
+        cases["hooks"] = {
+            "parity": [[name, SMALL + overrides, hook] for name, (overrides, hook) in HOOK_PROCESS_CASES.items()],
+            "resume": [[name, SMALL + overrides, hook, [3, 8]]
+                       for name, (overrides, hook) in HOOK_PROCESS_CASES.items()]}
+    (root / "cases.json").write_text(json.dumps(cases))
+    argv = [str(SCRIPTS / "parity.py"), str(root), str(root / "cases.json")]
+    results = finish(spawn(procs, argv, cwd=root), 300)
+    for code, out, err in results:
+        assert code == 0, err[-3000:]
+    # rank 0 alone prints, once per run
+    assert [out.count("run written to") for _, out, _ in results] == [len(runs)] + [0] * (procs - 1)
+    (root / "launched").touch()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -175,3 +186,4 @@ def write_cifar(root, train: int = 200, test: int = 60, cifar100: bool = False, 
         label_bytes = [labels // 5, labels] if cifar100 else [labels]
         (root / folder / name).write_bytes(np.concatenate([*label_bytes, pixels], axis=1).tobytes())
     return root
+
