@@ -87,7 +87,7 @@ def test_graphs_that_fit_are_built_and_the_bound_is_what_fits(monkeypatch):
     graph_bytes = topology_module.graph_bytes
     assert graph_bytes("complete", fits) <= 3.5 * GIB < graph_bytes("complete", fits + 1)
     assert topology_module.build_topology("erdos-renyi", 64).n == 64
-    assert set(topology_module.SIZES) == set(topology_module.TOPOLOGIES.names())
+    assert all(e.traits.get("size") for e in topology_module.TOPOLOGIES.entries.values())
 
 
 def test_the_dense_spectrum_of_a_directed_graph_is_refused_before_it_is_computed(tmp_path, capsys, monkeypatch):

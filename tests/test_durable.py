@@ -205,8 +205,8 @@ def test_checkpoints_hold_the_full_state_and_load_with_weights_only(tmp_path):
                                                               "optimizer=adam", "lr=0.003")]) == 0
     state = torch.load(out / "checkpoint.pt", weights_only=True)
     assert state["step"] == 2 * S and state["config"]["algorithm"] == "diloco"
-    assert state["optimizer"]["t"] == 2 * S  # Adam's step count
-    assert set(state["optimizer"]["rows"]) == {"exp_avg", "exp_avg_sq"}
+    assert state["optimizer"]["rows"]["steps"].tolist() == [2 * S] * 4  # each worker's Adam step count
+    assert set(state["optimizer"]["rows"]) == {"exp_avg", "exp_avg_sq", "steps"}
     assert set(state["schedule"]["rows"]) == {"x_outer"} and "momentum" in state["schedule"]["outer"]["rows"]
     assert state["comm"]["rounds"] == 2 * S // 3 and "torch" in state["rng"]
 

@@ -12,13 +12,19 @@ from gossamer.config import ConfigError, load_config
 from gossamer.engines.sim import SimEngine
 from gossamer.faults import Faults, FaultsConfig, repair
 from gossamer.topology import build_topology
-from gossamer.train import _begin_faults, build_run, train
+from gossamer.algorithms import graph_of
+from gossamer.train import _state_rows, build_run, train
+
+
+def _begin_faults(run, t: int):
+    """The loop's start of step t under faults."""
+    return run.faults.begin_step(t, run.engine, graph_of(run.schedule), _state_rows(run), run.optimizer)
 
 
 def test_quorum_average_is_the_plain_mean_of_the_living_rows():
     engine, X = SimEngine(8), torch.randn(8, 5, dtype=torch.float64)
     alive = np.array([1, 0, 1, 1, 0, 0, 1, 1], dtype=bool)
-    engine.set_alive(alive, X.device)
+    engine.set_alive(alive)
     for size in (8, 4, 2):
         Y = X.clone()
         engine.block_mean_(Y, size) if size < 8 else engine.allreduce_mean_(Y)

@@ -8,7 +8,7 @@ from cases import SHORT, all_cases
 
 from conftest import write_cifar
 from gossamer.config import load_config
-from gossamer.train import Progress, build_run, epoch_indices, train_step
+from gossamer.train import Batches, Progress, build_run, train_step
 
 HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
 
@@ -27,12 +27,12 @@ def no_host_reads(monkeypatch):
 def _steps(run, forbid, steps: int = 3):
     e, progress = run.engine, Progress()
     run.schedule.start(e, run.workers.X)
-    S = run.steps_per_epoch
-    idx = [epoch_indices(run, epoch) for epoch in range(-(-steps // S))]  # drawn on the host once per epoch
+    batches = Batches(run)
+    for epoch in range(-(-steps // run.steps_per_epoch)):
+        batches.epoch(epoch)  # drawn on the host once per epoch
     forbid()
     for t in range(steps):
-        x, y = run.data.train_batch(idx[t // S][t % S], e.rows, seed=t)
-        train_step(run, progress, x, y, t, lr=0.05, measure=False)
+        train_step(run, progress, batches, t, lr=0.05, measure=False, computes=None)
 
 
 # every case of tests/cases.py but consensus control, which decides from Ξ (or Θ, φ²) at every

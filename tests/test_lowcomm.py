@@ -15,7 +15,7 @@ from gossamer.algorithms.sparta import Sparta
 from gossamer.cli import main
 from gossamer.codecs import RandomK, build_compressor, check_spec
 from gossamer.config import ConfigError
-from gossamer.engines.stats import allreduce_bytes
+from gossamer.engines.ledger import allreduce_bytes
 from gossamer.rng import generator
 from gossamer.topology import build_topology
 from test_peer_algorithms import drive, quadratic

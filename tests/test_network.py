@@ -5,14 +5,16 @@ import json
 import math
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from conftest import small_config, train_rows
 
 from gossamer.cli import main
 from gossamer.codecs import SignCodec
+from gossamer.engines.ledger import Compute, Transfer
 from gossamer.engines.sim import SimEngine
-from gossamer.engines.stats import Event
+from gossamer.groups import Groups
 from gossamer.models import MLP
 from gossamer.network import PRESETS, NetworkConfig, span, step_flops
 from gossamer.topology import build_topology
@@ -31,7 +33,9 @@ ALPHA, BETA = 30e-6, 10e9 / 8  # the flat network above: 30 µs, 10 Gbit/s
 
 
 def seconds(net: NetworkConfig, op: str, group: int, nbytes: float, mixing=None) -> float:
-    return net.seconds(Event(op, group, nbytes, "global", mixing))
+    """The time of an operator within consecutive groups of ``group`` workers (a gossip round: along ``mixing``)."""
+    groups = None if mixing is not None else Groups.blocks(group * max(1, 16 // group), group)
+    return net.seconds(Transfer(op, nbytes, "global", groups=groups, mixing=mixing))
 
 
 # ---------------------------------------------------------------- the operators
@@ -93,9 +97,14 @@ def test_a_ring_over_nodes_sends_two_messages_across_each_node_link():
 
 
 def test_groups_that_straddle_nodes_take_their_worst_placement():
-    assert span(4, 4) == (1, 4) and span(16, 4) == (4, 4) and span(8, 4) == (2, 4)
-    assert span(4, 6) == (2, 4)  # blocks 0-3, 4-7 (across nodes 0|1: 2 + 2), 8-11 (inside node 1)
-    assert span(3, 1) == (3, 1)
+    def blocks(g: int, w: int) -> tuple[int, int]:
+        return span(Groups.blocks(math.lcm(g, w), g), w)
+    assert blocks(4, 4) == (1, 4) and blocks(16, 4) == (4, 4) and blocks(8, 4) == (2, 4)
+    assert blocks(4, 6) == (2, 4)  # blocks 0-3, 4-7 (across nodes 0|1: 2 + 2), 8-11 (inside node 1)
+    assert blocks(3, 1) == (3, 1)
+    # any groups: the same measure over their members (a grid's columns of 4 across 4 nodes of 4)
+    columns = Groups(16, np.arange(16).reshape(4, 4).T.ravel(), 4)
+    assert span(columns, 4) == (4, 1) and span(columns.among(np.arange(16) >= 4), 4) == (3, 1)  # node 0 gone
 
 
 def test_presets_and_their_units():
@@ -250,19 +259,21 @@ def test_with_measured_compute_only_the_seconds_differ_after_a_resume():
 
 
 def test_every_operator_the_engine_counts_is_priced():
-    """The events the clock prices are the counted operators, metric traffic apart."""
+    """The entries the clock prices are the recorded operators, metric traffic apart."""
     e = SimEngine(4)
-    e.comm.record()
+    e.comm.keep()
     X = torch.randn(4, 10)
     e.allreduce_mean_(X)
     e.block_mean_(X, 2)
     e.gossip_(X, build_topology("ring", 4).mixing(0))
+    e.comm.compute(None, 0)
     e.consensus_distance_sq(X)
-    events = e.comm.take()
-    assert [(ev.op, ev.group, ev.nbytes, ev.level) for ev in events] == [
-        ("allreduce", 4, 40, "global"), ("allreduce", 2, 40, "block"), ("gossip", 4, 40, "gossip"),
+    entries = e.comm.take()
+    assert [(t.op, t.groups.size if t.groups else None, t.nbytes, t.level) for t in entries if isinstance(t, Transfer)] == [
+        ("allreduce", 4, 40, "global"), ("allreduce", 2, 40, "block"), ("gossip", None, 40, "gossip"),
         ("allreduce", 4, 40, "metrics"), ("allgather", 4, 4, "metrics")]
-    assert e.comm.take() == [] and "events" not in e.comm.state_dict()
+    assert isinstance(entries[3], Compute) and entries[3].workers is None
+    assert e.comm.take() == [] and "entries" not in e.comm.state_dict()
 
 
 # ---------------------------------------------------------------- commands and bad input

@@ -22,6 +22,7 @@ from gossamer.config import load_config
 from gossamer.topology import (
     Mixing,
     Topology,
+    TopologyError,
     analyse,
     build_topology,
     effective_neighbours,
@@ -103,6 +104,28 @@ def test_groups_average_exactly_within_random_groups(n, g):
             np.testing.assert_array_equal(w[i][list(members)], 1 / g)
             seen.add(members)
     assert len(seen) > n // g  # new groups every round
+
+
+@pytest.mark.parametrize("n, g", [(6, 2), (12, 3), (12, 4), (8, 8)])
+def test_a_groups_round_names_its_groups_and_w_is_their_block_mean(n, g):
+    topo = build_topology(f"groups:{g}", n, seed=4)
+    for t in range(40):  # the sample's rounds and the ones drawn past it
+        m = topo.mixing(t)
+        assert m.groups.shape == (n // g, g) and not m.groups.flags.writeable
+        np.testing.assert_array_equal(np.sort(m.groups.ravel()), np.arange(n))  # a partition
+        block_mean = np.zeros((n, n))
+        for group in m.groups:
+            block_mean[np.ix_(group, group)] = 1 / g
+        np.testing.assert_allclose(m.dense(), block_mean, rtol=0, atol=1e-15)
+    assert all(build_topology(spec, 8).mixing(0).groups is None for spec in ["random-matching", "equidyn", "ring"])
+
+
+def test_mixing_groups_must_partition_the_workers():
+    index, weight = np.tile(np.arange(4), (2, 1)), np.tile([[1.0], [0.0]], (1, 4))
+    assert Mixing(index, weight, groups=[[0], [1], [2], [3]]).groups.dtype == np.int64
+    for bad in ([[0, 1], [1, 2]], [[0, 1], [2, 4]], [[0, 1, 2]], [0, 1, 2, 3], [[[0, 1], [2, 3]]]):
+        with pytest.raises(TopologyError, match="every worker 0..3 in exactly one group"):
+            Mixing(index, weight, groups=bad)
 
 
 @pytest.mark.parametrize("n, s", [(8, 1), (8, 2), (9, 2), (10, 3), (16, 5)])
@@ -231,7 +254,7 @@ def _relabelled(mixing: Mixing, order: np.ndarray) -> Mixing:
     w = mixing.dense()
     p = np.zeros_like(w)
     p[order, np.arange(len(order))] = 1
-    return topology_module._slots(len(order), [
+    return topology_module.from_rows(len(order), [
         {j: v for j, v in enumerate(row) if v or j == i} for i, row in enumerate(p @ w @ p.T)])
 
 

@@ -8,7 +8,7 @@ import torch
 
 from conftest import small_config, train_rows
 from gossamer.engines.sim import SimEngine
-from gossamer.engines.stats import allreduce_bytes
+from gossamer.engines.ledger import allreduce_bytes
 from gossamer.train import build_run, train
 
 S = 12  # steps per epoch of the small config

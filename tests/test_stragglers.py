@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import train_rows
 
-from gossamer.engines.stats import Event
+from gossamer.engines.ledger import Compute, Transfer
 from gossamer.network import Clock, NetworkConfig, Speeds
 from gossamer.topology import build_topology
 from gossamer.cli import main
@@ -28,12 +28,12 @@ def test_one_slow_worker_makes_every_all_reduce_step_wait_for_it():
     assert summary["sim_seconds_idle_fraction"] == pytest.approx(3 / 4 * 4e-3 / step, rel=1e-9)
 
 
-def ring_clock(n: int, slow: int, factor: float, c: float) -> tuple[Clock, list[Event]]:
+def ring_clock(n: int, slow: int, factor: float, c: float) -> tuple[Clock, list[Transfer]]:
     net = NetworkConfig(bandwidth=1.0, latency=50.0, count_metrics=False)
     speeds = np.ones(n)
     speeds[slow] = factor
     mixing = build_topology("ring", n).mixing(0)
-    return Clock(net, c, Speeds(speeds, None, 0)), [Event("gossip", n, 4000, "gossip", mixing)]
+    return Clock(net, c, Speeds(speeds, None, 0)), [Transfer("gossip", 4000, "gossip", mixing=mixing)]
 
 
 def test_a_ring_round_waits_only_for_the_neighbours():
@@ -43,12 +43,12 @@ def test_a_ring_round_waits_only_for_the_neighbours():
     n, s, X, c = 12, 3, 4.0, 1e-3
     clock, events = ring_clock(n, s, X, c)
     tau = clock.network.seconds(events[0])
-    clocks, idle = np.zeros(n), np.zeros(n)
     distance = np.minimum(np.abs(np.arange(n) - s), n - np.abs(np.arange(n) - s))
     for t in range(1, 9):
-        clock.tick(clocks, idle, t - 1, events, False, n)
+        clock.tick([Compute(None, t - 1), *events], False, n)
         expected = t * (c + tau) + np.minimum(t, np.maximum(0, t - distance + 1)) * (X - 1) * c
-        np.testing.assert_allclose(clocks, expected, rtol=1e-12)
+        np.testing.assert_allclose(clock.times, expected, rtol=1e-12)
+    idle = clock.idle
     assert idle[s] == 0 and (idle[distance > 8] == 0).all() and (idle[distance == 1] > 0).all()
 
 

@@ -1,8 +1,11 @@
+import ast
+import inspect
 import math
 
 import numpy as np
 import pytest
 
+from gossamer import topology_dynamic
 from gossamer.topology import (
     TOPOLOGIES,
     Mixing,
@@ -11,6 +14,7 @@ from gossamer.topology import (
     _check_stochastic,
     analyse,
     build_topology,
+    graph_bytes,
     spectral_gap,
 )
 
@@ -364,3 +368,52 @@ def test_directed_graphs_must_be_strongly_connected(tmp_path):
         edges = tmp_path / f"{name}.txt"
         edges.write_text(text)
         _raises(f"edges:{edges}", 4, "'edges", fragment)
+
+
+# graph_bytes(spec, n) at n = 1, 8, 96, 1000, and at n = 96 with a sample of 5 rounds, as computed
+# when the sizes were tables in topology.py (SIZES, PER_ROUND), before they moved to the traits
+# every topology is registered with. FILE: 200 bytes of edge list.
+GRAPH_BYTES = {
+    "complete": (96, 6144, 884736, 96000000, 884736),
+    "ring": (288, 2304, 27648, 288000, 27648),
+    "torus": (480, 3840, 46080, 480000, 46080),
+    "exponential": (288, 5376, 138240, 2016000, 138240),
+    "one-peer-exponential": (288, 6912, 193536, 2880000, 193536),
+    "directed-exponential": (288, 6912, 193536, 2880000, 193536),
+    "random-regular": (704, 11008, 132096, 1376000, 132096),
+    "random-regular:3": (704, 9216, 110592, 1152000, 110592),
+    "erdos-renyi": (480, 11366, 868757, 74388675, 868757),
+    "erdos-renyi:0.1": (480, 8686, 374724, 26803200, 374724),
+    "edges:FILE": (22880, 26240, 68480, 502400, 68480),
+    "random-matching": (6144, 49152, 589824, 6144000, 92160),
+    "epidemic:2": (6656, 78848, 946176, 9856000, 199680),
+    "equidyn": (6144, 49152, 589824, 6144000, 92160),
+    "equidyn:0.5": (6144, 49152, 589824, 6144000, 92160),
+    "equistatic": (288, 5376, 138240, 2016000, 138240),
+    "equistatic:3": (288, 5376, 64512, 672000, 64512),
+    "groups:2": (3072, 49152, 589824, 6144000, 92160),
+    "groups:4": (3072, 98304, 1179648, 12288000, 184320),
+    "base:1": (1344, 16896, 334908, 4786861, 334908),
+    "base:3": (1344, 24576, 427068, 5746861, 427068),
+}
+
+
+def test_every_topology_declares_its_size_and_graph_bytes_keeps_its_numbers(tmp_path):
+    assert {spec.split(":")[0] for spec in GRAPH_BYTES} == set(TOPOLOGIES.names())
+    assert all(callable(entry.traits.get("size")) for entry in TOPOLOGIES.entries.values())
+    assert {e.name for e in TOPOLOGIES.entries.values() if e.traits.get("per_round")} == {
+        "random-matching", "epidemic", "equidyn", "groups"}
+    edges = tmp_path / "edges.txt"
+    edges.write_text("0 1\n1 2\n" * 25)
+    for spec, expected in GRAPH_BYTES.items():
+        spec = spec.replace("FILE", str(edges))
+        got = (*(graph_bytes(spec, n) for n in (1, 8, 96, 1000)), graph_bytes(spec, 96, rounds=5))
+        assert got == expected, spec
+
+
+def test_topology_dynamic_imports_no_private_names_of_topology():
+    tree = ast.parse(inspect.getsource(topology_dynamic))
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                and node.module in ("topology", "gossamer.topology") for alias in node.names]
+    assert "TOPOLOGIES" in imported  # the import was found
+    assert [name for name in imported if name.startswith("_")] == []

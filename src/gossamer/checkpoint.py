@@ -4,7 +4,8 @@ A checkpoint holds everything the next step depends on: the parameters X and buf
 every worker's integer buffers), the local optimizer's state and step count, the schedule's
 state (compression references and residuals, the gossip round counter, DiLoCo's outer model and
 momentum, ...), the communication counters, the loop's own state (the EMA of φ², extra rounds),
-the RNG state, the config, and with faults who is alive (and the churn state). The position in the data order is the step: every epoch's batches
+the RNG state, the config, with a network section each worker's simulated clock, and with faults
+who is alive (and the churn state). The position in the data order is the step: every epoch's batches
 are a function of (seed, epoch). Tensors with one row per worker sit under ``rows`` keys; an
 engine gathers them from all processes when saving and takes its own rows when restoring.
 
@@ -18,7 +19,7 @@ import torch
 
 from .registry import ConfigError, short
 
-FORMAT = 2  # 2: schedules' state explicit (phases, local steps since a start, gossip's counters)
+FORMAT = 3  # 3: per-worker Adam step counts, the clock's per-worker times, AD-PSGD's events on the clock
 RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger", "sharpness",
                   "sharpness_samples", "sharpness_iterations")
 """Keys a resumed run may change: its length, how it logs and what it measures, nothing that
@@ -35,6 +36,7 @@ def capture(run, progress, step: int) -> dict:
             "rows": {"X": w.X, "B": w.B, "integer_buffers": w.integer_buffers()},
             "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
             "comm": run.engine.comm.state_dict(), "progress": progress.state_dict(), "rng": rng,
+            **({"clock": run.clock.state_dict()} if run.clock is not None else {}),
             **({"faults": run.faults.state_dict()} if run.faults is not None else {})}
 
 
@@ -49,6 +51,8 @@ def restore(run, progress, state: dict) -> int:
     run.schedule.load_state_dict(_on(local["schedule"], w.X.device))
     run.engine.comm.load_state_dict(local["comm"])
     progress.load_state_dict(local["progress"])
+    if run.clock is not None:
+        run.clock.load_state_dict(local["clock"])
     if run.faults is not None:
         run.faults.load_state_dict(local["faults"])
     torch.set_rng_state(local["rng"]["torch"])

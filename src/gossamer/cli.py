@@ -288,18 +288,19 @@ def network_times(topology, rounds_to_halve: float, preset: str, parameters: int
     an exact all-reduce of the same model."""
     from types import SimpleNamespace
 
-    from .engines.stats import BYTES_PER_VALUE, Event
+    from .engines.ledger import BYTES_PER_VALUE, Transfer
+    from .groups import Groups
 
     if parameters < 1:
         raise ConfigError(f"--parameters must be a positive number of model values, got {parameters}")
     net = NetworkConfig(preset)
     net.validate(SimpleNamespace(workers=topology.n))
     m = parameters * BYTES_PER_VALUE
-    rounds = [net.seconds(Event("gossip", topology.n, m, "gossip", w)) for w in topology.mixings]
+    rounds = [net.seconds(Transfer("gossip", m, "gossip", mixing=w)) for w in topology.mixings]
     round_seconds = sum(rounds) / len(rounds)
     return {"network": preset, "parameters": parameters, "round_seconds": round_seconds,
             "halve_seconds": rounds_to_halve * round_seconds,
-            "allreduce_seconds": net.seconds(Event("allreduce", topology.n, m, "global"))}
+            "allreduce_seconds": net.seconds(Transfer("allreduce", m, "global", groups=Groups.blocks(topology.n, topology.n)))}
 
 
 def cmd_compare(args) -> int:

@@ -4,15 +4,21 @@ A ``faults`` section names when workers are gone: ``events`` ("3@100-300": worke
 the steps 100 ≤ t < 300, 0-based; "5@250-": from step 250 to the end) and ``churn`` P with
 ``downtime`` D (before step t every living worker leaves with probability P and stays away for
 a number of steps drawn geometric with mean D; the draws of step t come from (seed, t) alone).
-A gone worker computes and sends nothing: its rows (model, buffers, optimizer and schedule state)
-do not change. The averages of All-Reduce, local SGD and DiLoCo are over the living workers (a
-quorum); gossip mixes with :func:`repair` of W_t on the living subgraph; Ξ², x̄, the losses and
-the accuracies are over the living. A returning worker (``rejoin``) comes back with the state it
-left with (``stale``) or takes the mean of its living neighbours' rows and a zeroed local
-optimizer state (``neighbours``). Every process draws the same fault state from the seed, so the
-dist engine drops the same workers as the simulator, wherever their rows are held. Churn never
-takes the last living worker (the step's leaves are then cancelled); events that leave no worker
-alive are refused.
+A gone worker takes no part in the step: it computes nothing (the loop's participation), sends
+nothing (the engine's operators run over the living: means over the living members of each
+group, gossip over W_t repaired by ``repair``), and its rows (model, buffers, optimizer and
+schedule state) do not change (:meth:`Faults.begin_step` keeps them and puts them back). Ξ², x̄,
+the losses and the accuracies are over the living. The repair of W_t: ``local`` (default:
+:func:`gossamer.topology.keep_living`, every link of a gone worker dropped, its neighbours keeping
+the weight they gave it) or ``metropolis`` (:func:`repair`: Metropolis–Hastings weights of the
+living subgraph, a self-loop for a missing partner in a symmetric round of a changing graph). A
+returning worker (``rejoin``) comes back with the state it left with (``stale``) or takes the
+mean of its living neighbours' rows and a fresh local optimizer state (``neighbours``). Every
+process draws the same fault state from the seed, so the dist engine drops the same workers as
+the simulator, wherever their rows are held. Churn never takes the last living worker (the step's
+leaves are then cancelled); events that leave no worker alive are refused. Which algorithms drop
+workers, and with which rejoin modes, each algorithm declares where it is registered
+(``faults=``; an option of it may refuse faults in its own ``validate``).
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ import numpy as np
 import torch
 
 from .registry import ConfigError, short
-from .topology import Mixing, Topology, _metropolis_hastings
+from .topology import Mixing, Topology, keep_living, metropolis_hastings
 
 REJOIN_MODES = ("neighbours", "stale")
+REPAIRS = ("local", "metropolis")
 CHURN_STREAM = 29  # sets the churn draws apart from the other random streams of a seed
 MAX_DOWNTIME = 1e9  # steps; a longer mean stay is a worker gone for good (an event "W@A-")
 _EVENT = re.compile(r"^(\d+)@(\d+)-(\d*)$")
@@ -41,6 +48,7 @@ class FaultsConfig:
     churn: float = 0.0  # P: per step, the probability that a living worker leaves
     downtime: float = 0.0  # D: mean steps a churned worker stays away (geometric), ≥ 1 with churn
     rejoin: str = "neighbours"  # neighbours | stale
+    repair: str = "local"  # the gossip matrix on the living: local (drop a gone worker's links) | metropolis
 
     def validate(self, cfg) -> None:
         parse_events(self.events, cfg.workers)
@@ -51,25 +59,25 @@ class FaultsConfig:
                               f"with churn > 0, got {self.downtime}")
         if self.churn == 0 and self.downtime:
             raise ConfigError("faults.downtime applies only with faults.churn > 0")
-        _check_supported(cfg)
         if self.rejoin not in REJOIN_MODES:
             raise ConfigError(f"unknown faults.rejoin '{short(self.rejoin)}'; choose one of: {', '.join(REJOIN_MODES)}")
+        if self.repair not in REPAIRS:
+            raise ConfigError(f"unknown faults.repair '{short(self.repair)}'; choose one of: {', '.join(REPAIRS)}")
+        _check_supported(cfg, self.rejoin)
 
 
-FAULT_ALGORITHMS = ("allreduce", "local", "post-local", "hierarchical", "gossip", "diloco")
+def _check_supported(cfg, rejoin: str) -> None:
+    """Refuse, in one line, an algorithm that does not declare that it drops workers (its
+    registration's ``faults``: the rejoin modes it takes)."""
+    from .algorithms import ALGORITHMS
 
-
-def _check_supported(cfg) -> None:
-    """Refuse, in one line, what does not drop workers yet."""
-    if cfg.algorithm not in FAULT_ALGORITHMS:
+    modes = {name: e.traits.get("faults", ()) for name, e in ALGORITHMS.entries.items()}
+    if not modes[cfg.algorithm]:
         raise ConfigError(f"faults: algorithm {cfg.algorithm} does not drop workers; use one of: "
-                          f"{', '.join(FAULT_ALGORITHMS)}")
-    if cfg.network is not None:
-        raise ConfigError("faults: the network time model does not price gone workers; drop the network section")
-    if getattr(cfg, "compression", "none") != "none":
-        raise ConfigError("faults: compressed averages (compression) do not drop workers; use compression: none")
-    if cfg.algorithm == "diloco" and (cfg.fragments > 1 or cfg.outer_topology != "none"):
-        raise ConfigError("faults: diloco drops workers with fragments: 1 and outer_topology: none only")
+                          f"{', '.join(name for name, m in modes.items() if m)}")
+    if rejoin not in modes[cfg.algorithm]:
+        raise ConfigError(f"faults.rejoin {rejoin} does not apply to algorithm {cfg.algorithm}; it takes "
+                          f"{', '.join(modes[cfg.algorithm])}")
 
 
 def parse_events(events: list[str], n: int) -> list[tuple[int, int, int | None]]:
@@ -143,6 +151,41 @@ class Faults:
         self.alive_min = min(self.alive_min, int(alive.sum()))
         return returning
 
+    def begin_step(self, t: int, engine, topology: Topology | None, rows: list[torch.Tensor],
+                   optimizer) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Step t's living workers to the ``engine`` (with this section's repair of W on
+        ``topology``, the schedule's graph); the returning ones rejoin (``neighbours``: the mean of
+        their living neighbours' ``rows``, the optimizer's state afresh; ``stale``: as they left).
+        Returns (tensor, local gone rows, their values) of every row tensor and the optimizer's, to
+        put back after the step: a gone worker changes nothing."""
+        returning = self.advance(t)
+        engine.set_alive(self.alive, self._repair(topology))
+        if engine.alive is None and not returning.any():  # all alive, none back: nothing to fetch or keep
+            return []
+        if self.cfg.rejoin == "neighbours":
+            for i in np.flatnonzero(returning):
+                peers = neighbours(topology, int(i), self.n)
+                peers = peers[self.alive[peers] & ~returning[peers]]
+                if len(peers):
+                    rejoin_(engine, rows, optimizer, int(i), peers)
+        if engine.alive is None:
+            return []
+        gone = torch.as_tensor(np.flatnonzero(~self.alive[engine.rows.start : engine.rows.stop]),
+                               device=rows[0].device)
+        return [(T, gone, T[gone].clone()) for T in [*rows, *optimizer.rows.values()]]
+
+    def _repair(self, topology: Topology | None):
+        """W_t among the living, by the section's ``repair``."""
+        if self.cfg.repair == "local":
+            return keep_living
+        per_round = topology is not None and topology.kind != "static"
+        return lambda mixing, alive: repair(mixing, alive, per_round)
+
+    def metrics(self, topology: Topology | None) -> dict:
+        """A row's living workers and, on a graph, the components of its living subgraph."""
+        return {"workers_alive": int(self.alive.sum()),
+                **({"living_components": components(topology, self.alive)} if topology is not None else {})}
+
     def state_dict(self) -> dict:
         return {"back_at": self.back_at.tolist(), "alive": self.alive.tolist(), "alive_min": self.alive_min}
 
@@ -153,7 +196,8 @@ class Faults:
 
 
 def repair(mixing: Mixing, alive: np.ndarray, per_round: bool) -> Mixing:
-    """W on the living subgraph: a gone worker's row is e_i and no living worker reads it.
+    """``repair: metropolis``: W on the living subgraph; a gone worker's row is e_i and no living
+    worker reads it.
 
     A static graph (``per_round`` False), or a round whose W is not symmetric: Metropolis–Hastings
     weights of the induced graph, w_ij = 1/(1 + max(deg_i, deg_j)) on its edges — symmetric,
@@ -169,56 +213,40 @@ def repair(mixing: Mixing, alive: np.ndarray, per_round: bool) -> Mixing:
     graph = nx.Graph()
     graph.add_nodes_from(range(mixing.n))
     graph.add_edges_from(zip(rows[used].tolist(), mixing.index[used].tolist()))
-    return _metropolis_hastings(graph, mixing.n)
+    return metropolis_hastings(graph, mixing.n)
 
 
 def _symmetric(mixing: Mixing) -> bool:
     return mixing.plan(("symmetric",), lambda: abs(mixing.sparse() - mixing.sparse().T).max() <= 1e-12)
 
 
-class LivingGraph:
-    """The gossip matrices of a topology on the living workers: :func:`repair` of W_t, the
-    repaired static W kept while the living set stays the same."""
+def components(topology: Topology, alive: np.ndarray) -> int:
+    """Connected components of the living subgraph of the graph's union over rounds: the groups
+    whose models can still reach consensus with each other."""
+    from scipy.sparse.csgraph import connected_components
 
-    def __init__(self, topology: Topology):
-        self.topology = topology
-        self._static: tuple[bytes, Mixing] | None = None
-
-    def mixing(self, t: int, alive: np.ndarray | None) -> Mixing:
-        w = self.topology.mixing(t)
-        if alive is None:
-            return w
-        if self.topology.kind != "static":
-            return repair(w, alive, per_round=True)
-        key = alive.tobytes()
-        if self._static is None or self._static[0] != key:
-            self._static = (key, repair(w, alive, per_round=False))
-        return self._static[1]
-
-    def components(self, alive: np.ndarray) -> int:
-        """Connected components of the living subgraph of the graph's union over rounds: the
-        groups whose models can still reach consensus with each other."""
-        from scipy.sparse.csgraph import connected_components
-
-        living = np.flatnonzero(alive)
-        return int(connected_components(self.topology.union.sparse()[living][:, living], directed=False)[0])
-
-    def neighbours(self, i: int) -> np.ndarray:
-        """Worker i's neighbours in any round (the union's slots)."""
-        u = self.topology.union
-        return np.unique(u.index[(u.weight[:, i] != 0) & (u.index[:, i] != i), i])
+    living = np.flatnonzero(alive)
+    return int(connected_components(topology.union.sparse()[living][:, living], directed=False)[0])
 
 
-def rejoin_(engine, tensors: list[torch.Tensor], reset: list[torch.Tensor], i: int, neighbours: np.ndarray) -> None:
-    """``rejoin: neighbours``: worker i's row of each of ``tensors`` ← the mean of its neighbours'
-    rows, its row of each of ``reset`` (local optimizer state) ← 0. ``i`` and ``neighbours`` are
-    global indices; the tensors hold the ``engine``'s rows, which fetches the neighbours' rows
-    from wherever they are held (every process takes part)."""
-    idx = torch.as_tensor(neighbours, device=tensors[0].device)
+def neighbours(topology: Topology | None, i: int, n: int) -> np.ndarray:
+    """Worker i's neighbours in any round (the union's slots); every other worker without a graph."""
+    if topology is None:
+        return np.arange(n)
+    u = topology.union
+    return np.unique(u.index[(u.weight[:, i] != 0) & (u.index[:, i] != i), i])
+
+
+def rejoin_(engine, tensors: list[torch.Tensor], optimizer, i: int, peers: np.ndarray) -> None:
+    """``rejoin: neighbours``: worker i's row of each of ``tensors`` ← the mean of its ``peers``'
+    rows, its local optimizer state afresh. ``i`` and ``peers`` are global indices; the tensors
+    hold the ``engine``'s rows, which fetches the peers' rows from wherever they are held (every
+    process takes part)."""
+    idx = torch.as_tensor(peers, device=tensors[0].device)
     here = i - engine.rows.start if i in engine.rows else None
     for T in tensors:
         mean = engine.rows_mean(T, idx)
         if here is not None:
             T[here] = mean
-    for T in reset if here is not None else []:
-        T[here] = 0
+    if here is not None:
+        optimizer.reset_(here)

@@ -33,7 +33,8 @@ may run behind w steps of compute (``Event.behind``: Streaming DiLoCo's fragment
 after it was sent, w = min(τ, ⌊H/F⌋) so that two fragments never share the link) costs
 max(0, comm − w·c), charged at the step that sends it. Measurement traffic (x̄, Ξ², scalar
 means, control's probes) is priced apart, as ``sim_seconds_metrics``, and costs training time
-only with ``count_metrics: true`` (a study of measurement's cost).
+only with ``count_metrics: true`` (a study of measurement's cost). ``sim_seconds_comm`` adds each
+operator's τ (a one-sided one's as τ/n, the mean over workers of what it costs).
 c is ``compute_ms``: ``measured`` (the simulator's own compute time per step divided by the
 workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's forward and
 backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOPS·10¹²).
@@ -41,11 +42,15 @@ backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOP
 **Per-worker clocks.** Worker i has its own clock T_i and computes c_i(t) = c·s_i·ε_i(t): s_i = X
 for the ⌈F·n⌉ workers that ``slow_workers: F@X`` draws once from the seed (else 1), ε_i(t) a
 log-normal factor of mean 1, exp(σz − σ²/2) with z ~ N(0, 1) drawn from (seed, t, i), with
-``compute_jitter: lognormal:σ`` (else 1). An operator waits only for the workers it needs, then
-costs its time τ (the formulas above) on each of them:
+``compute_jitter: lognormal:σ`` (else 1). The clock reads the step's ledger
+(:mod:`gossamer.engines.ledger`) in order: a computation costs c_i(t) on the workers that
+computed (a worker that sat the step out, or is gone, spends nothing); an operator waits only for
+the workers it needs, then costs its time τ (the formulas above) on each worker taking part:
 
-- an all-reduce, all-gather or block mean of group g:  T_i ← max_{j∈g} T_j + τ;
-- a gossip round W:  T_i ← max_{j : W_ij ≠ 0} T_j + τ (i's in-neighbours and itself);
+- an all-reduce or all-gather within groups: each member T_i ← max_{j ∈ its group} T_j + τ;
+- a gossip round W: each worker that sends or receives a message T_i ← max_{j : W_ij ≠ 0} T_j + τ
+  (i's in-neighbours and itself); a worker with no link that round waits for nobody;
+- a one-sided exchange (AD-PSGD's pair average): its initiator T_i ← T_i + τ, nobody waits;
 - a local step: nobody.
 
 With ``overlap``, the gradient all-reduce starts at the backward's start, T_i + c_i/3, and a
@@ -70,7 +75,8 @@ import numpy as np
 import torch
 
 from .data.partition import steps_per_epoch
-from .engines.stats import BYTES_PER_VALUE, METRICS, Event
+from .engines.ledger import BYTES_PER_VALUE, METRICS, Compute, Transfer
+from .groups import Groups
 from .registry import ConfigError, short
 from .rng import generator, host_generator
 
@@ -165,7 +171,8 @@ class NetworkConfig:
             raise ConfigError(f"compute_ms of {compute * 1000:.4g} ms makes the {steps:,} steps of this run take "
                               f"{compute * steps:.4g} s: the simulated time would not be finite; give a smaller one")
         slowest = max(self.link.message(nbytes), self.intra_link.message(nbytes))
-        comm = self.seconds(Event("allreduce", workers, nbytes, "global")) + (workers - 1) * slowest
+        everyone = Groups.blocks(workers, workers)
+        comm = self.seconds(Transfer("allreduce", nbytes, "global", groups=everyone)) + (workers - 1) * slowest
         if not math.isfinite(comm * steps * HORIZON_ROOM):
             raise ConfigError(f"network.bandwidth {self.bandwidth:.4g} Gbit/s and network.latency {self.latency:.4g} "
                               f"µs make a step of the {nbytes:,.0f}-byte model take up to {comm:.4g} s: the simulated "
@@ -184,28 +191,44 @@ class NetworkConfig:
         w = self.workers_per_node
         return (self.intra_link if i // w == j // w else self.link).message(nbytes)
 
-    def seconds(self, event: Event) -> float:
+    def seconds(self, transfer: Transfer) -> float:
         """The time of one operator on this network (the formulas of the module docstring)."""
         inter, intra, w = self.link, self.intra_link, self.workers_per_node
-        if event.nbytes == 0:  # nothing to send (the buffers of a model without any)
+        if transfer.nbytes == 0:  # nothing to send (the buffers of a model without any)
             return 0.0
-        if event.op == "gossip":
-            k_intra, k_inter = gossip_degrees(event.mixing, w)
-            return max(k_intra * intra.message(event.nbytes), k_inter * inter.message(event.nbytes))
-        nodes, per_node = span(event.group, w)
-        if event.op == "allreduce":
-            return (2 * (per_node - 1) * intra.message(event.nbytes / per_node)
-                    + 2 * (nodes - 1) * inter.message(event.nbytes / nodes))
-        if event.op == "allgather":
-            return (nodes - 1) * inter.message(per_node * event.nbytes) + (per_node - 1) * intra.message(nodes * event.nbytes)
-        raise ValueError(f"no cost for operator '{event.op}'")
+        if transfer.op == "gossip":
+            k_intra, k_inter = gossip_degrees(transfer.mixing, w)
+            return max(k_intra * intra.message(transfer.nbytes), k_inter * inter.message(transfer.nbytes))
+        nodes, per_node = span(transfer.groups, w)
+        if transfer.op == "allreduce":
+            return (2 * (per_node - 1) * intra.message(transfer.nbytes / per_node)
+                    + 2 * (nodes - 1) * inter.message(transfer.nbytes / nodes))
+        if transfer.op == "allgather":
+            return ((nodes - 1) * inter.message(per_node * transfer.nbytes)
+                    + (per_node - 1) * intra.message(nodes * transfer.nbytes))
+        raise ValueError(f"no cost for operator '{transfer.op}'")
+
+
+def span(groups: Groups, workers_per_node: int) -> tuple[int, int]:
+    """(N, w_g) of a set of groups: the most nodes one group spans and the most members a group
+    has on one node (over every group). Kept on the groups."""
+    if groups.consecutive and groups.member is None:
+        return _aligned_span(groups.size, workers_per_node)
+
+    def build() -> tuple[int, int]:
+        nodes, per_node = 1, 1
+        for r in range(groups.count):
+            counts = np.unique(groups.members(r) // workers_per_node, return_counts=True)[1]
+            if len(counts):
+                nodes, per_node = max(nodes, len(counts)), max(per_node, int(counts.max()))
+        return nodes, per_node
+    return groups.plan(("span", workers_per_node), build)
 
 
 @lru_cache(maxsize=None)
-def span(group: int, workers_per_node: int) -> tuple[int, int]:
-    """(N, w_g) of groups of ``group`` consecutive workers aligned to multiples of ``group``: the
-    most nodes one group spans and the most members it has on one node (over every group; the
-    placement repeats every lcm(group, workers_per_node) workers)."""
+def _aligned_span(group: int, workers_per_node: int) -> tuple[int, int]:
+    """:func:`span` of groups of ``group`` consecutive workers aligned to multiples of ``group``
+    (the placement repeats every lcm(group, workers_per_node) workers)."""
     nodes, per_node = 1, 1
     for start in range(0, math.lcm(group, workers_per_node), group):
         node_of = np.arange(start, start + group) // workers_per_node
@@ -328,19 +351,47 @@ class Speeds:
         return self.slow if self.sigma is None else np.array([self.factor(t, i) for i in range(len(self.slow))])
 
 
-def wait(clocks: np.ndarray, event: Event) -> np.ndarray:
-    """When each worker can start ``event``: the latest clock of the workers it waits for."""
-    if event.op == "gossip":
-        senders = event.mixing.plan(("in-neighbours",), lambda: np.where(event.mixing.weight != 0, event.mixing.index,
-                                                                           np.arange(event.mixing.n)))
+def taking_part(transfer: Transfer) -> np.ndarray:
+    """The workers an operator costs time (bool [n]): its groups' members; a gossip round's
+    workers that send or receive a message; a one-sided exchange's initiator. Kept on it."""
+    n = transfer.n
+    if transfer.initiator is not None:
+        part = np.zeros(n, dtype=bool)
+        part[transfer.initiator] = True
+        return part
+    if transfer.groups is not None:
+        return transfer.groups.of_worker >= 0
+    mixing = transfer.mixing
+
+    def build() -> np.ndarray:
+        rows = np.broadcast_to(np.arange(n), mixing.index.shape)
+        used = (mixing.weight != 0) & (mixing.index != rows)
+        part = np.zeros(n, dtype=bool)
+        part[rows[used]] = part[mixing.index[used]] = True
+        return part
+    return mixing.plan(("taking part",), build)
+
+
+def wait(clocks: np.ndarray, transfer: Transfer) -> np.ndarray:
+    """When each worker can start ``transfer`` (those not taking part: now): the latest clock of
+    the workers it waits for."""
+    if transfer.initiator is not None:
+        return clocks
+    if transfer.op == "gossip":
+        mixing = transfer.mixing
+        senders = mixing.plan(("in-neighbours",), lambda: np.where(mixing.weight != 0, mixing.index,
+                                                                   np.arange(mixing.n)))
         return clocks[senders].max(0)
-    return np.repeat(clocks.reshape(-1, event.group).max(1), event.group)
+    group = transfer.groups.of_worker
+    latest = np.full(transfer.groups.count, -np.inf)
+    np.maximum.at(latest, group[group >= 0], clocks[group >= 0])
+    return np.where(group >= 0, latest[group], clocks)
 
 
 @dataclass
 class Clock:
     """The simulated time of a run: each worker's compute, then the communication on ``network``,
-    on per-worker clocks (module docstring).
+    on per-worker clocks ``times`` (module docstring); ``idle``: each worker's waits so far.
 
     ``step_seconds``: one worker's compute per step at speed 1 (None: measured by :meth:`timed`)."""
 
@@ -349,7 +400,25 @@ class Clock:
     speeds: Speeds
     sync: Callable[[], None] = lambda: None  # waits for the device (measured compute on a GPU)
     sleeps: bool = False  # real processes (engine dist): sleep for the modelled extra compute
+    times: np.ndarray = None  # T_i [n]
+    idle: np.ndarray = None  # each worker's waits [n]
     _measured: float = field(default=0.0, init=False, repr=False)  # this step's, until tick()
+
+    def __post_init__(self) -> None:
+        n = len(self.speeds.slow)
+        self.times = np.zeros(n) if self.times is None else self.times
+        self.idle = np.zeros(n) if self.idle is None else self.idle
+
+    @property
+    def now(self) -> float:
+        """``sim_seconds``: the slowest worker's clock."""
+        return float(self.times.max())
+
+    def idle_fraction(self) -> float:
+        """The mean over workers of the fraction of ``sim_seconds`` spent waiting: in operators, and
+        after its last step for the slowest worker."""
+        now = self.now
+        return float((self.idle + now - self.times).mean() / now) if now else 0.0
 
     def timed(self, fn: Callable, *args):
         """``fn(*args)``, its wall time added to the step's compute when it is measured."""
@@ -362,61 +431,80 @@ class Clock:
         self._measured += time.perf_counter() - start
         return out
 
-    def straggle(self, t: int, rows: range) -> None:
+    def straggle(self, t: int, workers) -> None:
         """On real processes (``sleeps``), after step t's compute: sleep for the extra time the
-        model gives the slowest of this process's workers, max(0, s_i·ε_i(t) − 1)·c (a worker
-        faster than c cannot be made faster)."""
-        if self.sleeps:
-            c = self.step_seconds if self.step_seconds is not None else self._measured / len(rows)
-            extra = max(self.speeds.factor(t, i) for i in rows) - 1
+        model gives the slowest of this process's computing ``workers``, max(0, s_i·ε_i(t) − 1)·c (a
+        worker faster than c cannot be made faster)."""
+        if self.sleeps and len(workers):
+            c = self.step_seconds if self.step_seconds is not None else self._measured / len(workers)
+            extra = max(self.speeds.factor(t, i) for i in workers) - 1
             if extra > 0:
                 time.sleep(extra * c)
 
     def compute(self, workers: int) -> float:
         """c: one worker's compute per step at speed 1 (``workers``: those :meth:`timed` measured)."""
-        c = self.step_seconds if self.step_seconds is not None else self._measured / workers
+        c = self.step_seconds if self.step_seconds is not None else self._measured / max(workers, 1)
         self._measured = 0.0
         return c
 
-    def tick(self, clocks: np.ndarray, idle: np.ndarray, t: int, events: list[Event], averages_gradients: bool,
-             workers: int) -> float:
-        """Advance the per-worker ``clocks`` and ``idle`` times (in place) by step t, whose
-        operators are ``events``; ``workers``: those whose compute :meth:`timed` measured.
+    def tick(self, entries: list, averages_gradients: bool, workers: int) -> float:
+        """Advance the per-worker clocks and idle times by a step's ledger ``entries`` (in order;
+        measurement after the rest); ``workers``: those whose compute :meth:`timed` measured.
         Returns the step's communication not hidden by compute (at speed 1)."""
-        c, net = self.compute(workers), self.network
-        algorithm = [(e, max(0.0, net.seconds(e) - e.behind * c)) for e in events if e.level != METRICS]
-        metrics = self.measurement(events)
-        compute = c * self.speeds.factors(t)
-        comm = sum(cost for _, cost in algorithm)
+        c, net, n = self.compute(workers), self.network, len(self.times)
+        steps = [(e, None) if isinstance(e, Compute) else (e, max(0.0, net.seconds(e) - e.behind * c))
+                 for e in entries if isinstance(e, Compute) or e.level != METRICS]
+        metrics = self.measurement(entries)
+        comm = sum(cost / (n if e.initiator is not None else 1) for e, cost in steps if cost is not None)
         hidden = min(comm, BACKWARD_SHARE * c) if net.overlap and averages_gradients else 0.0
         if hidden:  # the all-reduce starts with the backward pass
-            now = np.maximum(clocks + compute, _operate(clocks + compute / 3, algorithm))
-            idle += now - clocks - np.maximum(compute, compute / 3 + comm)
+            compute = sum(self._compute_times(e, c) for e, cost in steps if cost is None)
+            transfers = [(e, cost) for e, cost in steps if cost is not None]
+            now = np.maximum(self.times + compute, self._operate(self.times + compute / 3, transfers, None, c))
+            self.idle += now - self.times - np.maximum(compute, compute / 3 + comm)
         else:
-            now = _operate(clocks + compute, algorithm, idle)
-        clocks[:] = _operate(now, metrics, idle)
+            now = self._operate(self.times, steps, self.idle, c)
+        self.times = self._operate(now, metrics, self.idle, c)
         return comm - hidden + sum(cost for _, cost in metrics)
 
+    def _compute_times(self, entry: Compute, c: float) -> np.ndarray:
+        """c·s_i·ε_i(k) of each worker of a computation [n] (0 for the others)."""
+        n = len(self.times)
+        if entry.workers is None:
+            return c * self.speeds.factors(entry.counts)
+        counts = np.broadcast_to(entry.counts, entry.workers.shape)
+        out = np.zeros(n)
+        out[entry.workers] = [c * self.speeds.factor(int(k), int(i)) for k, i in zip(counts, entry.workers)]
+        return out
 
-    def measurement(self, events: list[Event]) -> list[tuple[Event, float]]:
-        """The measurement operators among ``events``, each with its time (none unless they count)."""
-        return [(e, cost) for e, cost in self.measurement_seconds(events) if self.network.count_metrics]
+    def _operate(self, clocks: np.ndarray, priced: list, idle: np.ndarray | None, c: float) -> np.ndarray:
+        """The clocks after the entries ``priced`` (computations, and operators with their time τ),
+        one after the other; each worker's waits added to ``idle``."""
+        for entry, cost in priced:
+            if cost is None:
+                clocks = clocks + self._compute_times(entry, c)
+                continue
+            part = taking_part(entry)
+            start = wait(clocks, entry)
+            if idle is not None:
+                idle += np.where(part, start - clocks, 0.0)
+            clocks = np.where(part, start + cost, clocks)
+        return clocks
 
-    def measurement_seconds(self, events: list[Event]) -> list[tuple[Event, float]]:
-        """The measurement operators among ``events``, each with the time it takes on the network
+    def measurement(self, entries: list) -> list[tuple[Transfer, float]]:
+        """The measurement operators among ``entries``, each with its time (none unless they count)."""
+        return [(e, cost) for e, cost in self.measurement_seconds(entries) if self.network.count_metrics]
+
+    def measurement_seconds(self, entries: list) -> list[tuple[Transfer, float]]:
+        """The measurement operators among ``entries``, each with the time it takes on the network
         (whether or not it counts): ``sim_seconds_metrics`` sums them."""
-        return [(e, self.network.seconds(e)) for e in events if e.level == METRICS]
+        return [(e, self.network.seconds(e)) for e in entries if isinstance(e, Transfer) and e.level == METRICS]
 
+    def state_dict(self) -> dict:
+        return {"times": self.times.tolist(), "idle": self.idle.tolist()}
 
-def _operate(clocks: np.ndarray, priced: list[tuple[Event, float]], idle: np.ndarray | None = None) -> np.ndarray:
-    """The clocks after the operators ``priced`` (each with its time τ), one after the other;
-    each worker's waits added to ``idle``."""
-    for event, cost in priced:
-        start = wait(clocks, event)
-        if idle is not None:
-            idle += start - clocks
-        clocks = start + cost
-    return clocks
+    def load_state_dict(self, state: dict) -> None:
+        self.times, self.idle = np.array(state["times"], dtype=np.float64), np.array(state["idle"], dtype=np.float64)
 
 
 def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -> Clock | None:

@@ -2,7 +2,8 @@
 
 Each optimizer keeps its state: ``rows`` are tensors shaped like X (momentum buffers, Adam
 moments), row i belonging to worker i and never communicated unless the schedule averages them
-(``average_optimizer_state``); scalars such as Adam's step count sit beside them. Both papers keep
+(``average_optimizer_state``); Adam's step count is per worker too. A step may take a subset of
+the rows (the workers that compute). Both papers keep
 the state local: during all-reduce training every worker sees the same averaged gradient, so the
 local buffers stay identical and equal one global buffer (the update is linear).
 ``state_dict()`` / ``load_state_dict()`` save and restore all of it (tensors under ``rows``).
@@ -13,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from .registry import ConfigError, Registry
@@ -20,7 +22,41 @@ from .registry import ConfigError, Registry
 OPTIMIZERS = Registry("optimizer")
 
 
-class SGD:
+class RowOptimizer:
+    """What the row-wise optimizers share: a step over all rows or a subset of them, and their
+    state (``rows``: tensors shaped like X, one row per worker).
+
+    ``step(X, G, lr, rows)`` with ``rows`` (int64 local row indices, on the host; None: all)
+    steps only those workers: the others keep their parameters and state (a worker that does not
+    compute this step — AD-PSGD's event, a sporadic or gone worker). Each row's update is the
+    same elementwise arithmetic whether it steps alone or with the others."""
+
+    rows: dict[str, torch.Tensor]
+
+    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float, rows: np.ndarray | None = None) -> None:
+        """Update X in place (G is used as scratch)."""
+        if rows is None or len(rows) == X.shape[0]:
+            self._update(X, G, lr, self.rows, None)
+            return
+        index = torch.as_tensor(rows, device=X.device)
+        state = {name: value.index_select(0, index) for name, value in self.rows.items()}
+        x = X.index_select(0, index)
+        self._update(x, G.index_select(0, index), lr, state, rows)
+        X.index_copy_(0, index, x)
+        for name, value in state.items():
+            self.rows[name].index_copy_(0, index, value)
+
+    def _update(self, X: torch.Tensor, G: torch.Tensor, lr: float, state: dict[str, torch.Tensor],
+                rows: np.ndarray | None) -> None:
+        raise NotImplementedError
+
+    def reset_(self, row: int) -> None:
+        """Local row ``row`` starts afresh (a worker that rejoins from its neighbours)."""
+        for value in self.rows.values():
+            value[row] = 0
+
+
+class SGD(RowOptimizer):
     """SGD with momentum μ, optional Nesterov, and weight decay λ (torch.optim.SGD semantics).
 
     g ← G + λ·mask ⊙ X;  M ← μ M + g;  X ← X − η (g + μ M if Nesterov else M).
@@ -32,15 +68,13 @@ class SGD:
         self.momentum, self.nesterov, self.decay = momentum, nesterov, decay
         self.rows = {"momentum": torch.zeros_like(X)} if momentum else {}
 
-    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float, rows: slice = slice(None)) -> None:
-        """Update X in place; G is used as scratch. ``rows``: the workers X and G hold (all;
-        AD-PSGD steps one worker at a time)."""
+    def _update(self, X, G, lr, state, rows) -> None:
         if self.decay is not None:
             G.addcmul_(X, self.decay)
         if not self.momentum:
             X.add_(G, alpha=-lr)
             return
-        M = self.rows["momentum"][rows]
+        M = state["momentum"]
         M.mul_(self.momentum).add_(G)
         if self.nesterov:
             X.add_(G.add_(M, alpha=self.momentum), alpha=-lr)
@@ -55,42 +89,64 @@ class SGD:
             self.rows[name].copy_(value)
 
 
-class Adam:
+class Adam(RowOptimizer):
     """Adam / AdamW for all workers at once (torch.optim.Adam / AdamW semantics).
 
     m ← β₁m + (1−β₁)g;  v ← β₂v + (1−β₂)g²;  X ← X − η · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε).
     Adam adds λ·X to g (L2); AdamW decouples it: X ← X − ηλX before the step. The moments are
-    per worker (decentralized Adam, Kong et al.); the step count t is shared (lock-step workers).
+    per worker (decentralized Adam, Kong et al.), and so is the step count t (``steps``, on the
+    host): a worker that does not step keeps its own. Rows that step with the same t share its
+    bias corrections (one update for all of them when every worker steps alike).
     """
 
     def __init__(self, X: torch.Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  decay: torch.Tensor | None = None, decoupled: bool = False):
         self.betas, self.eps, self.decay, self.decoupled = betas, eps, decay, decoupled
-        self.t = 0
+        self.steps = np.zeros(X.shape[0], dtype=np.int64)
         self.rows = {"exp_avg": torch.zeros_like(X), "exp_avg_sq": torch.zeros_like(X)}
 
-    def step(self, X: torch.Tensor, G: torch.Tensor, lr: float) -> None:
-        """Update X in place; G is used as scratch."""
+    def _update(self, X, G, lr, state, rows) -> None:
+        chosen = slice(None) if rows is None else rows
+        self.steps[chosen] += 1
+        counts = self.steps[chosen]
+        if (counts == counts[0]).all():
+            self._adam(X, G, lr, state, int(counts[0]))
+            return
+        for t in np.unique(counts):  # rows with different step counts: one update per count
+            index = torch.as_tensor(np.flatnonzero(counts == t), device=X.device)
+            part = {name: value.index_select(0, index) for name, value in state.items()}
+            x = X.index_select(0, index)
+            self._adam(x, G.index_select(0, index), lr, part, int(t))
+            X.index_copy_(0, index, x)
+            for name, value in part.items():
+                state[name].index_copy_(0, index, value)
+
+    def _adam(self, X: torch.Tensor, G: torch.Tensor, lr: float, state: dict[str, torch.Tensor], t: int) -> None:
         beta1, beta2 = self.betas
-        self.t += 1
         if self.decay is not None:
             if self.decoupled:
                 X.addcmul_(X, self.decay, value=-lr)
             else:
                 G.addcmul_(X, self.decay)
-        m, v = self.rows["exp_avg"], self.rows["exp_avg_sq"]
+        m, v = state["exp_avg"], state["exp_avg_sq"]
         m.lerp_(G, 1 - beta1)
         v.mul_(beta2).addcmul_(G, G, value=1 - beta2)
-        denom = (v.sqrt() / math.sqrt(1 - beta2**self.t)).add_(self.eps)
-        X.addcdiv_(m, denom, value=-lr / (1 - beta1**self.t))
+        denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(self.eps)
+        X.addcdiv_(m, denom, value=-lr / (1 - beta1**t))
 
     def state_dict(self) -> dict:
-        return {"t": self.t, "rows": dict(self.rows)}
+        steps = torch.as_tensor(self.steps, device=self.rows["exp_avg"].device)
+        return {"rows": {**self.rows, "steps": steps}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.t = int(state["t"])
-        for name, value in state["rows"].items():
+        rows = dict(state["rows"])
+        self.steps[:] = rows.pop("steps").cpu().numpy() if "steps" in rows else state["t"]  # "t": format 2, shared
+        for name, value in rows.items():
             self.rows[name].copy_(value)
+
+    def reset_(self, row: int) -> None:
+        super().reset_(row)
+        self.steps[row] = 0
 
 
 # ---------------------------------------------------------------- registry: options and builders

@@ -11,9 +11,10 @@ Some concepts take a parameter in their name (``random-regular:4``, ``edges:FILE
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import PurePath
-from typing import Any, Callable
+from types import MappingProxyType
+from typing import Any, Callable, Mapping
 
 
 class ConfigError(ValueError):
@@ -55,6 +56,7 @@ class Entry:
     spec: str = ""  # how the name is written when it takes a parameter, e.g. "random-regular[:D]"
     takes: str = "none"  # parameter after the colon: "none", "optional" or "required"
     example: tuple[str, ...] = ()  # a short use: overrides beside the name, or the parameter ("0.1")
+    traits: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # what the concept asks of it
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -70,13 +72,16 @@ class Registry:
         self.entries: dict[str, Entry] = {}
 
     def register(self, name: str, *, options: type = NoOptions, help: str = "", spec: str = "",
-                 takes: str = "none", example: tuple[str, ...] = ()) -> Callable:
+                 takes: str = "none", example: tuple[str, ...] = (), **traits: Any) -> Callable:
         """Decorator: register the decorated builder under ``name``. ``example``: how a short run
-        uses it (the tests generated from the registries run every entry that way)."""
+        uses it (the tests generated from the registries run every entry that way). ``traits``:
+        what the entry declares about itself for its concept (an algorithm's fault support, a
+        topology's memory size), read by the one place that checks it."""
         def add(build: Callable) -> Callable:
             if name in self.entries:
                 raise RuntimeError(f"{self.kind} '{name}' registered twice")
-            self.entries[name] = Entry(name, build, options, help, spec or name, takes, tuple(example))
+            self.entries[name] = Entry(name, build, options, help, spec or name, takes, tuple(example),
+                                       MappingProxyType(dict(traits)))
             return build
         return add
 

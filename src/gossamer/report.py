@@ -432,7 +432,7 @@ def load_checkpoint(path: str | Path) -> dict:
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         found = state.get("format") if isinstance(state, dict) else None
         raise ConfigError(f"--resume '{short(path)}': checkpoint.pt is of format {found}, this gossamer reads "
-                          f"format {FORMAT} (schedules' state changed); start the run again")
+                          f"format {FORMAT} (the state it holds changed); start the run again")
     return state
 
 

@@ -48,6 +48,11 @@ class TopologyError(ConfigError):
     """Bad topology spec; str(e) is one clear line naming the option and what is allowed."""
 
 
+# Each entry declares, where it is registered, the traits :func:`graph_bytes` reads:
+#   size(n, param) -> (neighbour slots over one period and in its union, networkx edges, networkx
+#       nodes) of building it for n workers (a parameter beyond n is refused by the builder, so a
+#       size takes n's and leaves the refusal to it);
+#   per_round=True: a random topology, whose size is one round's (its sample holds many).
 TOPOLOGIES = Registry("topology", error=TopologyError)
 
 
@@ -62,10 +67,17 @@ class Mixing:
 
     with index int64 [K, n] and weight float64 [K, n]. Slot 0 is the worker itself
     (index[0, i] == i). Unused slots point at i with weight 0; duplicate slots add up.
+
+    ``groups`` (optional), int64 [k, G]: a round that averages exactly within groups says so —
+    row r holds the worker ids of group r, every worker in exactly one group, and W is the
+    block-diagonal mean over them (W[i, j] = 1/G when i and j share a group, else 0), which
+    index/weight hold as well. Engines may then run the round as a mean within each group (priced
+    as a ring all-reduce per group) instead of a gossip round. None: a gossip round.
     """
 
     index: np.ndarray  # int64 [K, n]
     weight: np.ndarray  # float64 [K, n]
+    groups: np.ndarray | None = None  # int64 [k, G]: the groups W averages exactly, or None
     _plans: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -83,10 +95,22 @@ class Mixing:
         weight.setflags(write=False)
         object.__setattr__(self, "index", index)
         object.__setattr__(self, "weight", weight)
+        if self.groups is not None:
+            groups = np.array(self.groups, dtype=np.int64)
+            if groups.ndim != 2 or groups.size != n or (np.sort(groups.ravel()) != np.arange(n)).any():
+                raise TopologyError(f"mixing groups must be [k, G] with every worker 0..{n - 1} in exactly one "
+                                    f"group; got shape {groups.shape}")
+            groups.setflags(write=False)
+            object.__setattr__(self, "groups", groups)
 
     @property
     def n(self) -> int:
         return int(self.index.shape[1])
+
+    @property
+    def K(self) -> int:
+        """The slots per worker."""
+        return int(self.index.shape[0])
 
     def dense(self) -> np.ndarray:
         """W as float64 [n, n]: W[i, index[k, i]] += weight[k, i] (duplicates accumulate)."""
@@ -200,12 +224,12 @@ class Topology:
         mean of the W_t); a static topology's own W. Who must keep copies of whom. A random
         topology may pair any two workers some round: its union is the complete graph."""
         if self.random:
-            return _circulant(self.n, list(range(self.n)), [1.0 / self.n] * self.n)
+            return circulant(self.n, list(range(self.n)), [1.0 / self.n] * self.n)
         if self.period == 1:
             return self.mixings[0]
         index = np.concatenate([m.index for m in self.mixings])
         weight = np.concatenate([m.weight for m in self.mixings]) / self.period
-        return _slots(self.n, [_combine(index[:, i], weight[:, i], i) for i in range(self.n)])
+        return from_rows(self.n, [_combine(index[:, i], weight[:, i], i) for i in range(self.n)])
 
     def mixing(self, t: int) -> Mixing:
         if not self.random:
@@ -225,16 +249,42 @@ class Topology:
 # --------------------------------------------------------------------------- builders
 
 
-def _identity(n: int) -> Mixing:
+# The helpers of builders here and in topology_dynamic.py: identity, circulant, from_rows, parse_int.
+
+
+def identity(n: int) -> Mixing:
+    """W = I: every worker keeps its model."""
     return Mixing(np.arange(n, dtype=np.int64)[None, :], np.ones((1, n)))
 
 
-def _circulant(n: int, offsets: list[int], weights: list[float]) -> Mixing:
-    """W[i, (i + off_k) % n] += w_k for every slot k (offset 0 first)."""
+def circulant(n: int, offsets: list[int], weights: list[float]) -> Mixing:
+    """W[i, (i + off_k) % n] += w_k for every slot k (offset 0 first): the same weights round every worker."""
     i = np.arange(n, dtype=np.int64)
     index = np.stack([(i + off) % n for off in offsets])
     weight = np.stack([np.full(n, w, dtype=np.float64) for w in weights])
     return Mixing(index, weight)
+
+
+def drop_slots(mixing: Mixing, dropped: np.ndarray) -> Mixing:
+    """W without the links in the ``dropped`` slots (bool [K, n]): each worker keeps for itself
+    the weight it gave a dropped neighbour (slot 0), so its row still sums as before and a row
+    with nothing dropped is unchanged. Dropping both directions of an undirected link keeps a
+    symmetric W symmetric, hence doubly stochastic."""
+    dropped = dropped & (np.arange(mixing.K) > 0)[:, None]
+    if not dropped.any():
+        return mixing
+    weight = np.where(dropped, 0.0, mixing.weight)
+    weight[0] += np.where(dropped, mixing.weight, 0.0).sum(0)
+    return Mixing(mixing.index, weight)
+
+
+def keep_living(mixing: Mixing, alive: np.ndarray) -> Mixing:
+    """W among the ``alive`` workers (bool [n]) by local repair: every link to or from a gone
+    worker is dropped (:func:`drop_slots`): a gone worker's row is e_i and no living worker reads
+    it; a living row that never read a gone worker is unchanged, and a one-peer round stays one
+    peer. Column sums, hence the living workers' mean, are kept when W is symmetric."""
+    rows = np.broadcast_to(np.arange(mixing.n), mixing.index.shape)
+    return drop_slots(mixing, (mixing.weight != 0) & ~(alive[rows] & alive[mixing.index]))
 
 
 def _combine(index: np.ndarray, weight: np.ndarray, i: int) -> dict[int, float]:
@@ -246,9 +296,9 @@ def _combine(index: np.ndarray, weight: np.ndarray, i: int) -> dict[int, float]:
     return total
 
 
-def _slots(n: int, rows: list[dict[int, float]]) -> Mixing:
-    """Slot form of W from each worker's {neighbour: weight}: self first, then the others
-    ascending, padded with (i, 0) to K = 1 + the most neighbours a worker has."""
+def from_rows(n: int, rows: list[dict[int, float]]) -> Mixing:
+    """Slot form of W from each worker's {neighbour: weight} (row i: W[i, j] for each j): self
+    first, then the others ascending, padded with (i, 0) to K = 1 + the most neighbours a worker has."""
     K = max(len(r) for r in rows)
     index = np.tile(np.arange(n, dtype=np.int64), (K, 1))
     weight = np.zeros((K, n), dtype=np.float64)
@@ -259,23 +309,34 @@ def _slots(n: int, rows: list[dict[int, float]]) -> Mixing:
     return Mixing(index, weight)
 
 
+def parse_int(name: str, arg: str | None, default: int, what: str) -> int:
+    """The integer parameter of topology ``name`` (``default`` when absent), refused in one line
+    naming ``what`` when it is not an integer."""
+    if arg is None:
+        return default
+    try:
+        return int(arg)
+    except ValueError:
+        raise TopologyError(f"topology '{name}' takes an integer {what}, got '{short(arg)}'") from None
+
+
 def _no_param(build: Callable[[int], Mixing | tuple[Mixing, ...]]):
     """A builder of n alone, as a registry builder (n, param, seed)."""
     return lambda n, param, seed: build(n)
 
 
-@TOPOLOGIES.register("complete", help="11ᵀ/n: exact averaging in one round")
+@TOPOLOGIES.register("complete", help="11ᵀ/n: exact averaging in one round", size=lambda n, _: (n * n, 0, 0))
 @_no_param
 def _complete(n: int) -> Mixing:
-    return _circulant(n, list(range(n)), [1.0 / n] * n)
+    return circulant(n, list(range(n)), [1.0 / n] * n)
 
 
-@TOPOLOGIES.register("ring", help="self and i±1, weights 1/3")
+@TOPOLOGIES.register("ring", help="self and i±1, weights 1/3", size=lambda n, _: (3 * n, 0, 0))
 @_no_param
 def _ring(n: int) -> Mixing:
     if n == 1:
-        return _identity(1)
-    return _circulant(n, [0, 1, -1], [1.0 / 3] * 3)
+        return identity(1)
+    return circulant(n, [0, 1, -1], [1.0 / 3] * 3)
 
 
 def _torus_shape(n: int) -> tuple[int, int] | None:
@@ -286,7 +347,8 @@ def _torus_shape(n: int) -> tuple[int, int] | None:
     return None
 
 
-@TOPOLOGIES.register("torus", help="2-D torus n = a·b (a, b ≥ 3, most square), weights 1/5")
+@TOPOLOGIES.register("torus", help="2-D torus n = a·b (a, b ≥ 3, most square), weights 1/5",
+                     size=lambda n, _: (5 * n, 0, 0))
 @_no_param
 def _torus(n: int) -> Mixing:
     shape = _torus_shape(n)
@@ -307,12 +369,18 @@ def _torus(n: int) -> Mixing:
     return Mixing(np.stack(slots), np.full((5, n), 0.2))
 
 
-@TOPOLOGIES.register("exponential", help="static: peers at hops ±2^k, uniform weights")
+def _log(n: int) -> int:
+    """How many hops 2^k ≤ n − 1 the exponential graphs have (1 for n ≤ 2)."""
+    return max(n - 1, 1).bit_length()
+
+
+@TOPOLOGIES.register("exponential", help="static: peers at hops ±2^k, uniform weights",
+                     size=lambda n, _: ((1 + 2 * _log(n)) * n, 0, 0))
 @_no_param
 def _exponential(n: int) -> Mixing:
     """Static exponential graph: neighbours i ± 2^k (mod n), k = 0..floor(log2(n-1))."""
     if n == 1:
-        return _identity(1)
+        return identity(1)
     offsets = set()
     for k in range((n - 1).bit_length()):  # 2^k <= n - 1
         h = 1 << k
@@ -320,11 +388,12 @@ def _exponential(n: int) -> Mixing:
         offsets.add((-h) % n)
     offsets.discard(0)
     offs = [0] + sorted(offsets)
-    return _circulant(n, offs, [1.0 / len(offs)] * len(offs))
+    return circulant(n, offs, [1.0 / len(offs)] * len(offs))
 
 
 @TOPOLOGIES.register("one-peer-exponential",
-                     help="time-varying, n a power of two: x_i ← (x_i + x_{i+2^k})/2, k = t mod log₂n")
+                     help="time-varying, n a power of two: x_i ← (x_i + x_{i+2^k})/2, k = t mod log₂n",
+                     size=lambda n, _: (3 * _log(n) * n, 0, 0))
 @_no_param
 def _one_peer_exponential(n: int) -> tuple[Mixing, ...]:
     """W_t: x_i <- (x_i + x_{(i + 2^k) mod n}) / 2, k = t mod log2 n."""
@@ -333,30 +402,31 @@ def _one_peer_exponential(n: int) -> tuple[Mixing, ...]:
             f"topology 'one-peer-exponential' needs n a power of two, got n = {n}"
         )
     if n == 1:
-        return (_identity(1),)
-    return tuple(_circulant(n, [0, 1 << k], [0.5, 0.5]) for k in range(n.bit_length() - 1))
+        return (identity(1),)
+    return tuple(circulant(n, [0, 1 << k], [0.5, 0.5]) for k in range(n.bit_length() - 1))
 
 
 @TOPOLOGIES.register("directed-exponential",
-                     help="directed, time-varying, any n: i sends ½ to i + 2^k, k = t mod (⌊log₂(n−1)⌋ + 1) (SGP's graph)")
+                     help="directed, time-varying, any n: i sends ½ to i + 2^k, k = t mod (⌊log₂(n−1)⌋ + 1) (SGP's graph)",
+                     size=lambda n, _: (3 * _log(n) * n, 0, 0))
 @_no_param
 def _directed_exponential(n: int) -> tuple[Mixing, ...]:
     """Assran et al.'s graph: in round t worker i keeps half of its model and sends half to
     i + 2^k (mod n), k cycling over 0..⌊log₂(n − 1)⌋; so x_i ← (x_i + x_{i−2^k}) / 2. Every
     worker has one in- and one out-peer per round, so W_t is doubly stochastic."""
     if n == 1:
-        return (_identity(1),)
-    return tuple(_circulant(n, [0, -(1 << k) % n], [0.5, 0.5]) for k in range((n - 1).bit_length()))
+        return (identity(1),)
+    return tuple(circulant(n, [0, -(1 << k) % n], [0.5, 0.5]) for k in range((n - 1).bit_length()))
 
 
 def _push_sum(graph: nx.DiGraph, n: int) -> Mixing:
     """Column-stochastic push-sum weights of a directed graph: worker j splits its model equally
     among itself and its out-neighbours, W[i, j] = 1 / (1 + outdeg j) — what j can set alone."""
     share = [1.0 / (1 + sum(1 for i in graph.successors(j) if i != j)) for j in range(n)]
-    return _slots(n, [{i: share[i], **{j: share[j] for j in graph.predecessors(i) if j != i}} for i in range(n)])
+    return from_rows(n, [{i: share[i], **{j: share[j] for j in graph.predecessors(i) if j != i}} for i in range(n)])
 
 
-def _metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
+def metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
     """w_ij = 1 / (1 + max(deg_i, deg_j)) on edges, w_ii = 1 - sum_j w_ij.
 
     Slot form with K = 1 + max degree; missing slots padded with (i, 0).
@@ -379,7 +449,7 @@ def _metropolis_hastings(graph: nx.Graph, n: int) -> Mixing:
 
 def regular_degree(name: str, arg: str | None, default: int, letter: str, n: int) -> int:
     """The degree of a regular graph on n workers from its parameter: 1 <= degree < n, n·degree even."""
-    d = _parse_int(name, arg, default=default, what=f"degree {letter}")
+    d = parse_int(name, arg, default=default, what=f"degree {letter}")
     if d < 1:
         raise TopologyError(f"topology '{name}' needs degree {letter} >= 1, got {letter} = {short(str(d))}")
     if d >= n:
@@ -390,8 +460,13 @@ def regular_degree(name: str, arg: str | None, default: int, letter: str, n: int
     return d
 
 
+def _random_regular_size(n: int, param: str | None) -> tuple[float, float, int]:
+    d = min(n, max(0, parse_int("random-regular", param, default=4, what="degree D")))
+    return (d + 1) * n, n * d / 2, n
+
+
 @TOPOLOGIES.register("random-regular", spec="random-regular[:D]", takes="optional",
-                     help="random D-regular graph (default 4), Metropolis–Hastings weights")
+                     help="random D-regular graph (default 4), Metropolis–Hastings weights", size=_random_regular_size)
 def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
     name = "random-regular"
     d = regular_degree(name, arg, 4, "D", n)
@@ -403,15 +478,21 @@ def _first_connected(draw, spec: str, n: int, seed: int, knob: str) -> Mixing:
     for s in range(seed, seed + _MAX_TRIES):
         g = draw(s)
         if nx.is_connected(g):
-            return _metropolis_hastings(g, n)
+            return metropolis_hastings(g, n)
     raise TopologyError(
         f"topology '{spec}' gave no connected graph for n = {n} in {_MAX_TRIES} seeds "
         f"from {seed}; use a larger {knob}"
     )
 
 
+def _erdos_renyi_size(n: int, param: str | None) -> tuple[float, float, int]:
+    q = _edge_probability(param)  # slots: 1 + the largest degree, about Q·n + a few standard deviations
+    return n * min(n, 2 + q * n + 4 * math.sqrt(q * n)), q * n * (n - 1) / 2, n
+
+
 @TOPOLOGIES.register("erdos-renyi", spec="erdos-renyi[:Q]", takes="optional",
-                     help="G(n, Q) redrawn until connected (default Q = 0.3), Metropolis–Hastings weights")
+                     help="G(n, Q) redrawn until connected (default Q = 0.3), Metropolis–Hastings weights",
+                     size=_erdos_renyi_size)
 def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
     q = _edge_probability(arg)
     return _first_connected(lambda s: nx.erdos_renyi_graph(n, q, seed=s), f"erdos-renyi:{q}", n, seed, "Q")
@@ -431,9 +512,14 @@ def _edge_probability(arg: str | None) -> float:
     return q
 
 
+def _edges_size(n: int, path: str) -> tuple[float, float, int]:
+    edges = os.path.getsize(path) // 4 if os.path.isfile(path) else 0  # a line "i j" takes at least 4 bytes
+    return n + 2 * edges, edges, n
+
+
 @TOPOLOGIES.register("edges", spec="edges:FILE", takes="required",
                      help="any graph from an edge list: 'i j' undirected (Metropolis–Hastings weights), "
-                          "'i -> j' directed (push-sum weights, for sgp)")
+                          "'i -> j' directed (push-sum weights, for sgp)", size=_edges_size)
 def _edges(n: int, path: str, seed: int) -> Mixing:
     """Edge list: one 'i j' (undirected) or 'i -> j' (i sends to j) per line; '#' comments and
     blank lines allowed. Self-loops are ignored (the self weight is implied); duplicate edges
@@ -488,17 +574,7 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
             f"topology '{name}': graph in {short(path)} is not connected on n = {n} nodes "
             f"({k} components)"
         )
-    return _metropolis_hastings(g, n)
-
-
-
-def _parse_int(name: str, arg: str | None, default: int, what: str) -> int:
-    if arg is None:
-        return default
-    try:
-        return int(arg)
-    except ValueError:
-        raise TopologyError(f"topology '{name}' takes an integer {what}, got '{short(arg)}'") from None
+    return metropolis_hastings(g, n)
 
 
 def _check_stochastic(m: Mixing, name: str, t: int = 0) -> bool:
@@ -615,50 +691,14 @@ def free_memory() -> int | None:
     return None
 
 
-def _random_regular_size(n: int, param: str | None) -> tuple[float, float, int]:
-    d = min(n, max(0, _parse_int("random-regular", param, default=4, what="degree D")))  # beyond n: refused when built
-    return (d + 1) * n, n * d / 2, n
-
-
-def _erdos_renyi_size(n: int, param: str | None) -> tuple[float, float, int]:
-    q = _edge_probability(param)  # slots: 1 + the largest degree, about Q·n + a few standard deviations
-    return n * min(n, 2 + q * n + 4 * math.sqrt(q * n)), q * n * (n - 1) / 2, n
-
-
-def _edges_size(n: int, path: str) -> tuple[float, float, int]:
-    edges = os.path.getsize(path) // 4 if os.path.isfile(path) else 0  # a line "i j" takes at least 4 bytes
-    return n + 2 * edges, edges, n
-
-
-def _log(n: int) -> int:
-    return max(n - 1, 1).bit_length()
-
-
-# (neighbour slots over one period and in its union, networkx edges, networkx nodes) of each
-# topology for n workers and its parameter
-SIZES: dict[str, Callable[[int, str | None], tuple[float, float, int]]] = {
-    "complete": lambda n, _: (n * n, 0, 0),
-    "ring": lambda n, _: (3 * n, 0, 0),
-    "torus": lambda n, _: (5 * n, 0, 0),
-    "exponential": lambda n, _: ((1 + 2 * _log(n)) * n, 0, 0),
-    "one-peer-exponential": lambda n, _: (3 * _log(n) * n, 0, 0),
-    "directed-exponential": lambda n, _: (3 * _log(n) * n, 0, 0),
-    "random-regular": _random_regular_size,
-    "erdos-renyi": _erdos_renyi_size,
-    "edges": _edges_size,
-}
-
-
-# the random topologies, whose SIZES are per round: their sample holds that many rounds
-PER_ROUND: set[str] = set()
-
-
 def graph_bytes(spec: str, n: int, rounds: int = SAMPLE_ROUNDS) -> int:
-    """About the memory building and analysing topology ``spec`` for n workers takes at its peak
-    (0 for a topology registered without a size; a random one's sample of ``rounds`` rounds)."""
+    """About the memory building and analysing topology ``spec`` for n workers takes at its peak,
+    from the ``size`` it is registered with (0 without one; a ``per_round`` one's sample of
+    ``rounds`` rounds)."""
     entry, param = TOPOLOGIES.parse(spec)
-    slots, edges, nodes = SIZES.get(entry.name, lambda n, param: (0, 0, 0))(n, param)
-    if entry.name in PER_ROUND:
+    size = entry.traits.get("size")
+    slots, edges, nodes = size(n, param) if size else (0, 0, 0)
+    if entry.traits.get("per_round", False):
         slots *= rounds
     return int(SLOT_BYTES * slots + EDGE_BYTES * edges + NODE_BYTES * nodes)
 

@@ -18,8 +18,11 @@ checked as it is drawn.
   once (with replacement) from {1..n−1}, W = I/n + (n − 1)/(2nM) Σ_m (S^{u_m} + S^{−u_m}), S the
   cyclic shift; degree ≤ 2M, default M = ⌈log₂ n⌉ (O(ln n)); circulant, so its spectrum is
   exact.
-- ``groups:G``: a random partition of the workers into n/G groups of G each round, exact
-  averaging within each group (Moshpit SGD's rounds); ``groups:n`` is the complete graph.
+- ``groups:G``: a fresh random partition of the workers into n/G groups of G each round, exact
+  averaging within each group (the round's ``Mixing.groups``); ``groups:n`` is the complete
+  graph. Random partitions need never give the exact average (G < n); Moshpit SGD's groups
+  follow a d-dimensional grid, so that after d rounds every worker holds it: that is
+  ``algorithm: moshpit``, not this topology.
 - ``base:K``: the Base-(K+1) graph (Takezawa et al., NeurIPS 2023): a finite sequence of mixing
   matrices, each worker with at most K peers a round, whose product is exactly J = 11ᵀ/n, for
   any n; it repeats with that period (deterministic, no seed).
@@ -34,17 +37,15 @@ import numpy as np
 
 from .registry import short
 from .topology import (
-    PER_ROUND,
-    SIZES,
     TOPOLOGIES,
     Mixing,
     RandomRounds,
     TopologyError,
-    _circulant,
-    _identity,
-    _parse_int,
+    circulant,
+    from_rows,
+    identity,
+    parse_int,
     regular_degree,
-    _slots,
 )
 
 # --------------------------------------------------------------------------- random, per round
@@ -70,7 +71,7 @@ def _matching(n: int, rng: np.random.Generator) -> Mixing:
     return _pairs(n, order[0 : 2 * half : 2], order[1 : 2 * half : 2], 0.5, 0.5)
 
 
-@TOPOLOGIES.register("random-matching",
+@TOPOLOGIES.register("random-matching", per_round=True, size=lambda n, _: (2 * n, 0, 0),
                      help="random, per round: a uniformly random perfect matching (one idles if n is odd); pairs average")
 def _random_matching(n: int, arg: str | None, seed: int) -> RandomRounds:
     return RandomRounds(lambda rng: _matching(n, rng), symmetry="exchangeable")
@@ -88,7 +89,13 @@ def _regular(n: int, s: int, rng: np.random.Generator) -> Mixing:
     return Mixing(index, np.full((s + 1, n), 1.0 / (s + 1)))
 
 
-@TOPOLOGIES.register("epidemic", spec="epidemic:S", takes="required", example=("2",),
+def _epidemic_size(n: int, param: str | None) -> tuple[float, float, int]:
+    s = min(n, max(0, parse_int("epidemic", param, default=0, what="degree S")))
+    return (s + 1) * n, n * s / 2, n
+
+
+@TOPOLOGIES.register("epidemic", spec="epidemic:S", takes="required", example=("2",), per_round=True,
+                     size=_epidemic_size,
                      help="random, per round: a random S-regular graph, weights 1/(S+1) (Epidemic Learning's EL-Oracle)")
 def _epidemic(n: int, arg: str, seed: int) -> RandomRounds:
     s = regular_degree("epidemic", arg, 0, "S", n)
@@ -124,18 +131,19 @@ def _one_peer_equi(n: int, eta: float, rng: np.random.Generator) -> Mixing:
                   1.0 - eta + eta / n, eta * (n - 1) / n)
 
 
-@TOPOLOGIES.register("equidyn", spec="equidyn[:ETA]", takes="optional",
+@TOPOLOGIES.register("equidyn", spec="equidyn[:ETA]", takes="optional", per_round=True,
+                     size=lambda n, _: (2 * n, 0, 0),
                      help=f"random, per round: EquiTopo's one-peer undirected graph OU-EquiDyn, pairs weighted "
                           f"1/n and (n−1)/n, relaxed by η (default {EQUIDYN_ETA})")
 def _equidyn(n: int, arg: str | None, seed: int) -> RandomRounds | Mixing:
     eta = _eta(arg)
     if n == 1:
-        return _identity(1)
+        return identity(1)
     return RandomRounds(lambda rng: _one_peer_equi(n, eta, rng), symmetry="cyclic")
 
 
 def _equistatic_m(n: int, arg: str | None) -> int:
-    m = _parse_int("equistatic", arg, default=max(1, math.ceil(math.log2(max(n, 2)))), what="number of shifts M")
+    m = parse_int("equistatic", arg, default=max(1, math.ceil(math.log2(max(n, 2)))), what="number of shifts M")
     if m < 1:
         raise TopologyError(f"topology 'equistatic' needs M >= 1 shifts, got M = {short(str(m))}")
     if n > 1 and m >= n:  # the theory's M is O(ln n); M ≥ n draws shifts n − 1 values can only repeat
@@ -144,20 +152,21 @@ def _equistatic_m(n: int, arg: str | None) -> int:
 
 
 @TOPOLOGIES.register("equistatic", spec="equistatic[:M]", takes="optional",
+                     size=lambda n, param: ((1 + 2 * min(n, _equistatic_m(n, param))) * n, 0, 0),
                      help="static, seeded: EquiTopo's U-EquiStatic, M random shifts ±u_m (default ⌈log₂ n⌉), "
                           "degree ≤ 2M")
 def _equistatic(n: int, arg: str | None, seed: int) -> Mixing:
     m = _equistatic_m(n, arg)
     if n == 1:
-        return _identity(1)
+        return identity(1)
     shifts = np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64])).integers(1, n, size=m)
     offsets = [0, *[int(u) for u in shifts], *[int(-u % n) for u in shifts]]
     share = (n - 1) / (2 * n * m)
-    return _circulant(n, offsets, [1.0 / n] + [share] * (2 * m))
+    return circulant(n, offsets, [1.0 / n] + [share] * (2 * m))
 
 
 def _groups_size(n: int, arg: str) -> int:
-    g = _parse_int("groups", arg, default=0, what="group size G")
+    g = parse_int("groups", arg, default=0, what="group size G")
     if g < 2:
         raise TopologyError(f"topology 'groups' needs groups of G >= 2 workers, got G = {short(str(g))}")
     if n % g:
@@ -166,16 +175,18 @@ def _groups_size(n: int, arg: str) -> int:
 
 
 def _partition(n: int, g: int, rng: np.random.Generator) -> Mixing:
+    """A uniformly random partition into n/g groups of g, each averaged exactly (``Mixing.groups``)."""
     groups = rng.permutation(n).reshape(n // g, g)
     index = np.empty((g, n), dtype=np.int64)
     for k in range(g):  # slot k of the worker at position p of a group: the member at position p + k
         index[k, groups.ravel()] = np.roll(groups, -k, axis=1).ravel()
-    return Mixing(index, np.full((g, n), 1.0 / g))
+    return Mixing(index, np.full((g, n), 1.0 / g), groups=groups)
 
 
-@TOPOLOGIES.register("groups", spec="groups:G", takes="required", example=("2",),
-                     help="random, per round: a random partition into groups of G (G divides n), exact averaging "
-                          "within each (Moshpit-style); groups:n is the complete graph")
+@TOPOLOGIES.register("groups", spec="groups:G", takes="required", example=("2",), per_round=True,
+                     size=lambda n, param: (min(n, max(1, parse_int("groups", param, 1, "group size G"))) * n, 0, 0),
+                     help="random, per round: a fresh random partition into groups of G (G divides n), exact "
+                          "averaging within each; groups:n is the complete graph (Moshpit SGD's grid groups: algorithm moshpit)")
 def _groups(n: int, arg: str, seed: int) -> RandomRounds:
     g = _groups_size(n, arg)
     return RandomRounds(lambda rng: _partition(n, g, rng), symmetry="exchangeable")
@@ -323,34 +334,14 @@ def base_rounds(n: int, k: int) -> list[dict]:
 
 
 def _as_mixing(n: int, round_: dict) -> Mixing:
-    return _slots(n, [round_.get(i, {i: 1.0}) for i in range(n)])
+    return from_rows(n, [round_.get(i, {i: 1.0}) for i in range(n)])
 
 
 def _base_k(arg: str) -> int:
-    k = _parse_int("base", arg, default=0, what="peer count K")
+    k = parse_int("base", arg, default=0, what="peer count K")
     if k < 1:
         raise TopologyError(f"topology 'base' needs K >= 1 peers a round, got K = {short(str(k))}")
     return k
-
-
-@TOPOLOGIES.register("base", spec="base:K", takes="required", example=("1",),
-                     help="time-varying, any n: the Base-(K+1) graph, ≤ K peers a round, exact average after "
-                          "its period (Takezawa et al.)")
-def _base(n: int, arg: str, seed: int) -> tuple[Mixing, ...]:
-    k = _base_k(arg)
-    rounds = base_rounds(n, k)
-    return tuple(_as_mixing(n, r) for r in rounds) or (_identity(n),)
-
-
-# --------------------------------------------------------------------------- memory (topology.SIZES)
-
-
-# a parameter beyond n is refused by the builder (its size is that of n, so the refusal is its own)
-
-
-def _epidemic_size(n: int, param: str | None) -> tuple[float, float, int]:
-    s = min(n, max(0, _parse_int("epidemic", param, default=0, what="degree S")))
-    return (s + 1) * n, n * s / 2, n
 
 
 def _base_size(n: int, param: str | None) -> tuple[float, float, int]:
@@ -359,12 +350,10 @@ def _base_size(n: int, param: str | None) -> tuple[float, float, int]:
     return period * (k + 1) * n + n * (k + 1), 0, 0  # the rounds, and their dict form while built
 
 
-SIZES.update({
-    "random-matching": lambda n, _: (2 * n, 0, 0),
-    "epidemic": _epidemic_size,
-    "equidyn": lambda n, _: (2 * n, 0, 0),
-    "equistatic": lambda n, param: ((1 + 2 * min(n, _equistatic_m(n, param))) * n, 0, 0),
-    "groups": lambda n, param: (min(n, max(1, _parse_int("groups", param, default=1, what="group size G"))) * n, 0, 0),
-    "base": _base_size,
-})
-PER_ROUND.update({"random-matching", "epidemic", "equidyn", "groups"})
+@TOPOLOGIES.register("base", spec="base:K", takes="required", example=("1",), size=_base_size,
+                     help="time-varying, any n: the Base-(K+1) graph, ≤ K peers a round, exact average after "
+                          "its period (Takezawa et al.)")
+def _base(n: int, arg: str, seed: int) -> tuple[Mixing, ...]:
+    k = _base_k(arg)
+    rounds = base_rounds(n, k)
+    return tuple(_as_mixing(n, r) for r in rounds) or (identity(n),)

@@ -1,12 +1,13 @@
 """The engine-agnostic training loop: config in, metric rows and a summary out.
 
-Nothing here knows about files or the command line: rows and checkpoints go to callbacks.
-One step for all workers (:func:`train_step`): per-worker batches → losses and gradients (rows
-of G) → φ² (when measured) → the schedule's ``on_gradients`` → the local optimizer → the
-schedule's ``after_step``. Metrics (loss, Ξ², φ², …) are measured every ``metrics_every`` steps
-and at every evaluation; between them the step takes no host synchronisation of its own.
-With a ``network`` section, a :class:`~gossamer.network.Clock` prices every step (its compute and
-the operators the engine counted) into the simulated time ``sim_seconds``.
+Nothing here knows about files or the command line, nor any algorithm: rows and checkpoints go
+to callbacks, and the schedule takes each step (:func:`train_step` hands it a
+:class:`~gossamer.algorithms.StepIO`: the workers that take part — the schedule's ``computing(t)``
+less the gone ones under faults —, a gradient oracle over every worker's batches, the local
+optimizer's step). Metrics (loss, Ξ², φ², …) are measured every ``metrics_every`` steps and at
+every evaluation; between them the step takes no host synchronisation of its own. With a
+``network`` section, a :class:`~gossamer.network.Clock` prices every step from the engine's ledger
+(the computations and operators recorded in it) into the simulated time ``sim_seconds``.
 """
 
 from __future__ import annotations
@@ -22,16 +23,13 @@ import torch
 from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
 
-from .algorithms import Context, Schedule, begin_step, build_schedule
-from .algorithms.asynchronous import ADPSGD, Timing
-from .algorithms.gossip import gossip_state
+from .algorithms import Context, Schedule, StepIO, build_schedule, graph_of
 from .checkpoint import capture, restore
 from .config import Config, ConfigError
 from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch, validation_split
 from .engines import Engine, build_engine
-from .engines.stats import BYTES_PER_VALUE
-from .faults import Faults, LivingGraph, rejoin_
+from .faults import Faults
 from .models import Footprint, build_model, footprint, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
@@ -88,7 +86,6 @@ class Run:
     shards: list | None
     clock: Clock | None = None  # with a network section: prices each step in simulated seconds
     faults: Faults | None = None  # with a faults section: who is alive at each step
-    graph: LivingGraph | None = None  # ... and the gossip graph (neighbours, components) if there is one
 
 
 @dataclass
@@ -97,8 +94,6 @@ class Progress:
 
     grad_norm_sq_ema: float | None = None  # EMA of φ² over the measured steps
     sim_seconds: float = 0.0  # simulated time (with a network): the slowest worker's clock
-    worker_seconds: list[float] = field(default_factory=list)  # each worker's clock ([]: all at sim_seconds)
-    worker_idle_seconds: list[float] = field(default_factory=list)  # each worker's waits ([]: none)
     sim_seconds_comm: float = 0.0  # ... of which communication not hidden by compute
     sim_seconds_metrics: float = 0.0  # the modelled time of the measurement traffic (in sim_seconds if counted)
     steps_to_target: int | None = None  # first evaluation at target_accuracy / target_loss
@@ -111,6 +106,32 @@ class Progress:
 
     def load_state_dict(self, state: dict) -> None:
         vars(self).update(state)
+
+
+class Batches:
+    """Every worker's training batches by its count (batch s of epoch e for count e·S + s): the
+    synchronous step's all at step t, an event-driven schedule's each at its own. An epoch's
+    indices are drawn once (the last two are kept)."""
+
+    def __init__(self, run: Run):
+        self.run = run
+        self._epochs: dict[int, torch.Tensor] = {}
+
+    def epoch(self, e: int) -> torch.Tensor:
+        if e not in self._epochs:
+            if len(self._epochs) >= 2:
+                self._epochs.pop(min(self._epochs))
+            self._epochs[e] = epoch_indices(self.run, e)
+        return self._epochs[e]
+
+    def of(self, counts: np.ndarray | int, draw: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x [m, b, ...], y [m, b, ...]) of the local workers' batches, augmented with ``draw``."""
+        S = self.run.steps_per_epoch
+        if isinstance(counts, (int, np.integer)):
+            idx = self.epoch(int(counts) // S)[int(counts) % S]
+        else:
+            idx = torch.stack([self.epoch(int(k) // S)[int(k) % S, i] for i, k in enumerate(counts)])
+        return self.run.data.train_batch(idx, self.run.engine.rows, seed=_batch_seed(self.run.cfg.seed, draw))
 
 
 def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = None,
@@ -150,19 +171,18 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
     decay = decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X)
     optimizer = OPTIMIZERS[cfg.optimizer].build(cfg, workers.X, decay)
+    clock = build_clock(cfg, model, data, task.loss, device)
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
-                      reference, total_steps=cfg.epochs * steps)
+                      reference, total_steps=cfg.epochs * steps, clock=clock)
     schedule = build_schedule(cfg, context)
     _check_target(cfg, task)
-    clock = build_clock(cfg, model, data, task.loss, device)
     if clock is not None:
-        engine.comm.record()
-    faults = graph = None
+        engine.comm.keep()
+    faults = None
     if cfg.faults is not None:
         faults = Faults(cfg.faults, cfg.workers, cfg.seed)
         faults.check_steps(cfg.epochs * steps)
-        graph = gossip_state(schedule).living if cfg.algorithm == "gossip" else None
-    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults, graph)
+    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults)
 
 
 TARGETS = {"target_accuracy": "test_accuracy", "target_loss": "test_loss"}  # config key → metric it targets
@@ -354,63 +374,48 @@ def evaluate(run: Run, t: int) -> dict[str, float]:
     return metrics
 
 
-def train_step(run: Run, progress: Progress, x: torch.Tensor, y: torch.Tensor, t: int, lr: float,
-               measure: bool) -> dict:
-    """One step of every worker on its batch (x [m, b, ...], y [m, b, ...]). Returns the step's
-    metric row when ``measure`` (else only what the schedule reports)."""
-    w, e = run.workers, run.engine
-    if isinstance(run.schedule, ADPSGD):
-        progress.sim_seconds_comm += run.schedule.advance(e, w.X, lr, run.optimizer.step,
-                                                          lambda *args: _gradients_at(run, *args), _timing(run))
-        losses = run.schedule.losses
-        w.G.copy_(run.schedule.grads)  # each worker's latest gradient, for φ²
-        step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema,
-                                                     measure, average=False)
-        metrics = {}
-    else:
-        timed = run.clock.timed if run.clock is not None else (lambda fn, *args: fn(*args))
-        losses = timed(w.loss_and_grad, x, y)
-        if run.clock is not None:
-            run.clock.straggle(t, e.rows)  # engine dist: the slow workers' processes sleep
-        step, progress.grad_norm_sq_ema = begin_step(run.schedule, e, w.X, w.G, t, lr, progress.grad_norm_sq_ema,
-                                                     measure)
-        timed(run.optimizer.step, w.X, w.G, lr)
-        metrics = run.schedule.after_step(e, w.X, step)
+def computing(run: Run, t: int) -> np.ndarray | None:
+    """The workers that compute at step t (bool [n]; None: all): the schedule's, less the gone."""
+    computes, alive = run.schedule.computing(t), run.engine.alive
+    return computes if alive is None else alive if computes is None else computes & alive
+
+
+def train_step(run: Run, progress: Progress, batches: Batches, t: int, lr: float, measure: bool,
+               computes: np.ndarray | None) -> dict:
+    """Step t of every worker (the schedule's :meth:`~gossamer.algorithms.Schedule.step`), the
+    workers ``computes`` taking part in computing. Returns the step's metric row when ``measure``
+    (else only what the schedule reports)."""
+    w, e, clock = run.workers, run.engine, run.clock
+    timed = clock.timed if clock is not None else (lambda fn, *args: fn(*args))
+
+    def gradients(rows: np.ndarray | None, at: torch.Tensor | None, counts, draw: int) -> torch.Tensor:
+        x, y = batches.of(counts, draw)
+        if at is None:
+            losses = timed(w.loss_and_grad, x, y, None if rows is None else rows.tolist())
+        else:  # the models of an event-driven schedule's gradients, X kept
+            current = w.X.clone()
+            w.X.copy_(at)
+            losses = w.loss_and_grad(x, y, None if rows is None else rows.tolist())
+            w.X.copy_(current)
+        if clock is not None:  # engine dist: the slow workers' processes sleep
+            clock.straggle(draw, e.rows if rows is None else [e.rows.start + int(r) for r in rows])
+        return losses
+
+    io = StepIO(e, w.X, w.G, t, lr, measure, progress.grad_norm_sq_ema, computes, gradients,
+                lambda rows: timed(run.optimizer.step, w.X, w.G, lr, rows))
+    stepped = run.schedule.step(io)
+    progress.grad_norm_sq_ema = stepped.grad_norm_sq_ema
     if not measure:
-        return metrics
-    loss = e.mean_scalar(losses)
+        return stepped.metrics
+    loss = e.mean_scalar(stepped.losses, over=stepped.computed)
     if not math.isfinite(loss):
         raise Diverged(f"training diverged: loss is {loss} at step {t + 1} (epoch {(t + 1) / run.steps_per_epoch:g}, "
                        f"lr {lr:g})")
+    step = stepped.step
     return {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr, "loss": loss,
             "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
             "bytes_per_worker": e.comm.bytes_per_worker,
-            "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **metrics}
-
-
-def _gradients_at(run: Run, stale: torch.Tensor, counts: np.ndarray, call: int,
-                  rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """AD-PSGD's batched gradients: the loss and gradient of each worker of ``rows`` at its row of
-    ``stale`` on its ``counts[i]``-th batch (batch s of epoch e for count e·S + s), augmented with
-    the call's seed."""
-    w, S = run.workers, run.steps_per_epoch
-    epochs = {int(e): epoch_indices(run, int(e)) for e in set(counts // S)}
-    idx = torch.stack([epochs[int(k // S)][int(k % S), i] for i, k in enumerate(counts)])
-    x, y = run.data.train_batch(idx, run.engine.rows, seed=_batch_seed(run.cfg.seed, call))
-    current = w.X.clone()
-    w.X.copy_(stale)
-    losses = w.loss_and_grad(x, y, rows)
-    w.X.copy_(current)
-    return losses, w.G
-
-
-def _timing(run: Run) -> Timing:
-    """AD-PSGD's event times on the run's clock (unit compute, free messages without a network)."""
-    clock = run.clock
-    if clock is None:
-        return Timing()
-    nbytes = run.workers.d * BYTES_PER_VALUE
-    return Timing(clock.step_seconds, clock.speeds.factor, lambda i, j: clock.network.pair_seconds(i, j, nbytes))
+            "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **stepped.metrics}
 
 
 def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = lambda row: None,
@@ -437,28 +442,27 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
                           f"larger epochs")
     bar = tqdm(total=total, initial=first, disable=None if progress else True,
                desc=f"{cfg.algorithm} n={cfg.workers}", leave=False)
-    row: dict = {}
+    batches, row = Batches(run), {}
     for t in range(first, total):
         epoch, s = divmod(t, S)
-        if s == 0 or t == first:
-            idx = epoch_indices(run, epoch)
         evaluating = s == S - 1 and ((epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs)
         measure = evaluating or (t + 1) % cfg.metrics_every == 0
-        x, y = run.data.train_batch(idx[s], e.rows, seed=_batch_seed(cfg.seed, t))
-        frozen = _begin_faults(run, t) if run.faults is not None else []
-        metrics = train_step(run, state, x, y, t, lr_at(cfg, t, S), measure)
+        frozen = [] if run.faults is None else run.faults.begin_step(t, e, graph_of(run.schedule), _state_rows(run),
+                                                                     run.optimizer)
+        computes = computing(run, t)
+        metrics = train_step(run, state, batches, t, lr_at(cfg, t, S), measure, computes)
         for T, gone, rows in frozen:
             T[gone] = rows
         if measure:
             row = metrics
             if run.faults is not None:
-                row.update(_fault_metrics(run))
+                row.update(run.faults.metrics(graph_of(run.schedule)))
         if evaluating:
             row.update(evaluate(run, t))
             row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
             bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
                             xi2=f"{row['consensus_distance_sq']:.2e}")
-        _advance_clocks(run, state, t)
+        _advance_clocks(run, state, t, computes)
         if evaluating and state.steps_to_target is None and reached_target(cfg, row):
             state.steps_to_target = t + 1
             state.sim_seconds_to_target = state.sim_seconds if run.clock is not None else None
@@ -480,43 +484,13 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
     return summarize(run, state, row, start)
 
 
-def _state_rows(run: Run) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Every tensor with a row per worker: (parameters, buffers and the schedule's state; the local
-    optimizer's state)."""
+def _state_rows(run: Run) -> list[torch.Tensor]:
+    """Every tensor with a row per worker but the local optimizer's: parameters, buffers and the
+    schedule's state."""
     def rows(state) -> list[torch.Tensor]:
         found = state.get("rows", {})
         return [*found.values(), *(t for v in state.values() if isinstance(v, dict) for t in rows(v))]
-    return [run.workers.X, run.workers.B, *rows(run.schedule.state_dict())], rows(run.optimizer.state_dict())
-
-
-def _begin_faults(run: Run, t: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Step t's living workers to the engine; the returning ones rejoin (``neighbours``: the mean
-    of their living neighbours' rows, optimizer state zeroed; ``stale``: as they left). Returns
-    (tensor, local gone rows, their values) to put back after the step: a gone worker changes nothing."""
-    faults, e = run.faults, run.engine
-    returning = faults.advance(t)
-    e.set_alive(faults.alive, run.workers.X.device)
-    if e.alive is None and not returning.any():  # all alive, none back: nothing to fetch or freeze
-        return []
-    shared, local = _state_rows(run)
-    if faults.cfg.rejoin == "neighbours":
-        for i in np.flatnonzero(returning):
-            peers = np.arange(run.cfg.workers) if run.graph is None else run.graph.neighbours(i)
-            peers = peers[faults.alive[peers] & ~returning[peers]]
-            if len(peers):
-                rejoin_(e, shared, local, int(i), peers)
-    if e.alive is None:
-        return []
-    gone_here = ~faults.alive[e.rows.start : e.rows.stop]
-    gone = torch.as_tensor(np.flatnonzero(gone_here), device=run.workers.X.device)
-    return [(T, gone, T[gone].clone()) for T in shared + local]
-
-
-def _fault_metrics(run: Run) -> dict:
-    """A row's living workers and, on a gossip graph, the components of its living subgraph."""
-    alive = run.faults.alive
-    return {"workers_alive": int(alive.sum()),
-            **({"living_components": run.graph.components(alive)} if run.graph is not None else {})}
+    return [run.workers.X, run.workers.B, *rows(run.schedule.state_dict())]
 
 
 def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
@@ -538,26 +512,16 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
     }
 
 
-def _advance_clocks(run: Run, state: Progress, t: int) -> None:
-    """Add step t to the simulated time (the operators the engine counted in it, evaluation
-    included) and to the communication time the engine measured."""
-    events = run.engine.comm.take()
+def _advance_clocks(run: Run, state: Progress, t: int, computes: np.ndarray | None) -> None:
+    """Add step t to the simulated time (the computations and operators the engine's ledger kept
+    in it, evaluation included; ``computes``: the workers that computed) and to the communication
+    time the engine measured."""
+    entries, e = run.engine.comm.take(), run.engine
     if run.clock is not None:
-        state.sim_seconds_metrics += sum(cost for _, cost in run.clock.measurement_seconds(events))
-    if run.clock is not None and isinstance(run.schedule, ADPSGD):  # it never waits; measurement pauses all
-        pause = sum(cost for _, cost in run.clock.measurement(events))
-        run.schedule.pause(pause)
-        state.sim_seconds_comm += pause
-        state.sim_seconds = run.schedule.now
-        state.worker_seconds, state.worker_idle_seconds = [state.sim_seconds] * run.cfg.workers, [0.0] * run.cfg.workers
-    elif run.clock is not None:
-        n = run.cfg.workers
-        clocks = np.array(state.worker_seconds) if state.worker_seconds else np.full(n, state.sim_seconds)
-        idle = np.array(state.worker_idle_seconds) if state.worker_idle_seconds else np.zeros(n)
-        state.sim_seconds_comm += run.clock.tick(clocks, idle, t, events,
-                                                 run.schedule.averages_gradients(t), run.engine.m)
-        state.sim_seconds = float(clocks.max())
-        state.worker_seconds, state.worker_idle_seconds = clocks.tolist(), idle.tolist()
+        state.sim_seconds_metrics += sum(cost for _, cost in run.clock.measurement_seconds(entries))
+        measured = e.m if computes is None else int(computes[e.rows.start : e.rows.stop].sum())
+        state.sim_seconds_comm += run.clock.tick(entries, run.schedule.averages_gradients(t), measured)
+        state.sim_seconds = run.clock.now
     if run.engine.timed:
         algorithm, metrics = run.engine.take_comm_seconds()
         state.comm_seconds += algorithm
@@ -569,7 +533,7 @@ def _time_summary(run: Run, state: Progress) -> dict:
     cfg, out = run.cfg, {}
     if run.clock is not None:
         out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm,
-                   sim_seconds_idle_fraction=idle_fraction(state), sim_seconds_metrics=state.sim_seconds_metrics)
+                   sim_seconds_idle_fraction=run.clock.idle_fraction(), sim_seconds_metrics=state.sim_seconds_metrics)
     if _has_target(cfg):
         out["steps_to_target"] = state.steps_to_target
         if run.clock is not None:
@@ -577,15 +541,6 @@ def _time_summary(run: Run, state: Progress) -> dict:
     if run.engine.timed:
         out.update(comm_seconds=state.comm_seconds, comm_metrics_seconds=state.comm_metrics_seconds)
     return out
-
-
-def idle_fraction(state: Progress) -> float:
-    """The mean over workers of the fraction of ``sim_seconds`` spent waiting: in operators, and
-    after its last step for the slowest worker."""
-    if not state.sim_seconds:
-        return 0.0
-    waits = np.array(state.worker_idle_seconds) + state.sim_seconds - np.array(state.worker_seconds)
-    return float(waits.mean() / state.sim_seconds)
 
 
 def _batch_seed(seed: int, t: int) -> int:

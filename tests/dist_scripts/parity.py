@@ -24,6 +24,7 @@ from gossamer.codecs import QSGD, SignCodec, TopK
 from gossamer.engines.dist import DistEngine
 from gossamer.engines.sim import SimEngine
 from gossamer.faults import repair
+from gossamer.groups import Groups
 from gossamer.topology import build_topology
 
 
@@ -46,6 +47,11 @@ def engine_checks(n: int, d: int = 37) -> dict:
     for size in sorted({1, 2, 4, n} & set(range(1, n + 1))):
         if n % size == 0:
             check(f"block_mean_({size})", lambda e, X, s=size: e.block_mean_(X, s))
+    # any groups: a random partition into pairs (groups:2), and the columns of an n/2 × 2 grid
+    pairs = Groups(n, np.random.default_rng(n).permutation(n), 2)
+    columns = Groups(n, np.arange(n).reshape(-1, 2).T.ravel(), n // 2)
+    for name, groups in (("pairs", pairs), ("columns", columns)):
+        check(f"groups_mean_ {name}", lambda e, X, g=groups: e.groups_mean_(X, g))
     sent_before = (eng.sent.messages, eng.sent.values)
     ring = build_topology("ring", n)
     check("gossip ring", lambda e, X: [e.gossip_(X, ring.mixing(t)) for t in range(3)] and None)
@@ -72,19 +78,22 @@ def engine_checks(n: int, d: int = 37) -> dict:
     alive = np.ones(n, dtype=bool)
     alive[[1, n - 1]] = False
     for e in (sim, eng):
-        e.set_alive(alive, full.device)
-    living = repair(ring.mixing(0), alive, per_round=False)
+        e.set_alive(alive)
+    metropolis = repair(ring.mixing(0), alive, per_round=False)
     check("living allreduce_mean_", lambda e, X: e.allreduce_mean_(X))
     for size in sorted({2, 4, n} & set(range(1, n + 1))):
         if n % size == 0:
             check(f"living block_mean_({size})", lambda e, X, s=size: e.block_mean_(X, s))
-    check("living gossip ring", lambda e, X: [e.gossip_(X, living) for _ in range(3)] and None)
+    for name, groups in (("pairs", pairs), ("columns", columns)):
+        check(f"living groups_mean_ {name}", lambda e, X, g=groups: e.groups_mean_(X, g))
+    check("living gossip ring (local repair)", lambda e, X: [e.gossip_(X, ring.mixing(0)) for _ in range(3)] and None)
+    check("living gossip ring (Metropolis-Hastings)", lambda e, X: [e.gossip_(X, metropolis) for _ in range(3)] and None)
     check("living mean_row", lambda e, X: e.mean_row(X))
     check("living consensus_distance_sq", lambda e, X: e.consensus_distance_sq(X))
     check("living mean_scalar", lambda e, X: e.mean_scalar(X[:, 0]))
     check("rows_mean (a rejoining worker's fetch)", lambda e, X: e.rows_mean(X, torch.tensor([0, n - 1])))
     for e in (sim, eng):
-        e.set_alive(np.ones(n, dtype=bool), full.device)
+        e.set_alive(None)
     comm_equal = eng.comm == sim.comm
     eng.close()
     return {"diffs": diffs, "comm_equal": comm_equal, "comm": vars(eng.comm), "ring_sent": ring_sent}

@@ -15,6 +15,8 @@ config, the summary and the hooks use.
 """
 
 from . import asynchronous, demo, diloco, gossip, local, peer, sparta  # noqa: F401  (each registers its algorithms)
-from .schedule import ALGORITHMS, Context, Phases, Schedule, Step, begin_step, build_schedule
+from .schedule import (ALGORITHMS, Context, Phases, Schedule, Step, StepIO, Stepped, begin_step, build_schedule,
+                       graph_of)
 
-__all__ = ["ALGORITHMS", "Context", "Phases", "Schedule", "Step", "begin_step", "build_schedule"]
+__all__ = ["ALGORITHMS", "Context", "Phases", "Schedule", "Step", "StepIO", "Stepped", "begin_step", "build_schedule",
+           "graph_of"]

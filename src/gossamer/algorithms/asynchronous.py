@@ -13,8 +13,14 @@ At f_i the pair average and the update happen at once, and i's next gradient sta
 f_i + τ, τ = α + m/β of the link between i and j (the exchange of the two models, full duplex).
 Without a network section c = 1 and τ = 0: rounds of n events in worker order. Every draw comes
 from the seed, so a run is deterministic and Ξ² is exact at every measurement. A loop step is
-n events (n gradient evaluations: an epoch counts the same samples as the synchronous ones);
-measurement traffic (``count_metrics``) pauses every worker for its time after the step.
+n events (n gradient evaluations: an epoch counts the same samples as the synchronous ones).
+
+**Participation.** An event is a step of one worker: the ledger keeps its computation (worker i,
+its k-th gradient) and its pair average, a one-sided gossip round of the pair (only i waits for
+it and spends τ; j is passive) — none when i has no neighbour that round. The run's clock
+(:mod:`gossamer.network`) prices them in order, so the per-worker clocks it keeps are the event
+times: a step starts each worker's next event from its clock (measurement traffic, with
+``count_metrics``, holds everyone until it ends).
 
 **Batching.** The models x̂ of the gradients not yet computed are fixed when they start, so all
 of them are computed in one batched call when the next event needs one: with equal speeds, one
@@ -29,47 +35,66 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..engines.ledger import BYTES_PER_VALUE
 from ..registry import ConfigError
 from ..rng import host_generator
-from ..topology import Topology
+from ..topology import Mixing, Topology
 from .gossip import GraphOptions, build_graph
-from .schedule import ALGORITHMS, Context, Schedule
+from .schedule import ALGORITHMS, Context, Schedule, StepIO, Stepped, begin_step
 
 NEIGHBOUR_STREAM = 18  # the key that sets the neighbour draws of (seed, k, i) apart
-# (x̂ [n, d], each worker's batch count [n], the call's number, the workers whose gradients are
-# needed) → (losses [n], gradients [n, d]; rows of the other workers undefined)
-Gradients = Callable[[torch.Tensor, np.ndarray, int, list[int]], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
 class Timing:
-    """What the events cost: c, the factors s_i·ε_i(k), and τ between two workers."""
+    """What the events cost: c, the factors s_i·ε_i(k), τ between two workers, and the time each
+    worker's current gradient started (the clock's; without one, its gradient count)."""
 
     compute: float = 1.0
     factor: Callable[[int, int], float] = lambda k, i: 1.0
     message: Callable[[int, int], float] = lambda i, j: 0.0
+    started: Callable[[list[int]], np.ndarray] = lambda count: np.array(count, dtype=np.float64)
+
+    @classmethod
+    def of(cls, clock, nbytes: float) -> Timing:
+        """The run's clock's costs (a model of ``nbytes`` per message); unit ones without a clock."""
+        if clock is None:
+            return cls()
+        return cls(clock.step_seconds, clock.speeds.factor, lambda i, j: clock.network.pair_seconds(i, j, nbytes),
+                   lambda count: clock.times.copy())
+
+
+def pair_mixing(n: int, i: int, j: int) -> Mixing:
+    """W of the pair average x_i, x_j ← (x_i + x_j)/2, every other worker unchanged."""
+    index = np.tile(np.arange(n, dtype=np.int64), (2, 1))
+    weight = np.zeros((2, n))
+    weight[0] = 1.0
+    index[1, [i, j]] = j, i
+    weight[:, [i, j]] = 0.5
+    return Mixing(index, weight)
 
 
 @dataclass
 class ADPSGD(Schedule):
-    """AD-PSGD's events (module docstring). State: the time, each worker's end of its current
-    gradient f_i and count k_i, the models x̂ its gradients are taken at, the gradients already
-    computed, and the batched calls so far."""
+    """AD-PSGD's events (module docstring). State: each worker's gradient count k_i, the models x̂
+    its gradients are taken at, the gradients already computed, and the batched calls so far."""
 
     topology: Topology
     seed: int
-    now: float = 0.0
-    finish: list[float] = field(default_factory=list)  # [] until the first step (then f_i)
+    timing: Timing = field(default_factory=Timing)
     count: list[int] = field(default_factory=list)
     ready: list[bool] = field(default_factory=list)  # whether g_i of the current gradient is computed
     calls: int = 0  # batched gradient calls (each draws its augmentation from it)
     stale: torch.Tensor | None = None  # x̂ [n, d]
     grads: torch.Tensor | None = None  # [n, d]
     losses: torch.Tensor | None = None  # [n]
+    _pairs: dict = field(default_factory=dict, repr=False)  # pair_mixing by pair, kept with their plans
 
     def start(self, engine, X: torch.Tensor) -> None:
+        n = X.shape[0]
         self.stale, self.grads = X.clone(), torch.zeros_like(X)
-        self.losses = torch.zeros(X.shape[0], dtype=X.dtype, device=X.device)
+        self.losses = torch.zeros(n, dtype=X.dtype, device=X.device)
+        self.count, self.ready = [0] * n, [False] * n
 
     def neighbour(self, i: int, k: int) -> int | None:
         """j drawn uniformly from i's neighbours in W_k (None: none in that round)."""
@@ -81,58 +106,51 @@ class ADPSGD(Schedule):
             return None
         return peers[host_generator(self.seed, NEIGHBOUR_STREAM, k, i).integers(len(peers))]
 
-    def advance(self, engine, X: torch.Tensor, lr: float, update: Callable, gradients: Gradients,
-                timing: Timing) -> float:
-        """The next n events; ``update(x_i, g_i, lr, rows)`` applies a gradient to a row (the
-        optimizer's step on ``rows`` of its state).
-        Returns the communication time of the step per worker (mean over workers)."""
-        n = X.shape[0]
-        if not self.finish:
-            self.finish = [timing.compute * timing.factor(0, i) for i in range(n)]
-            self.count, self.ready = [0] * n, [False] * n
-        comm = 0.0
+    def step(self, io: StepIO) -> Stepped:
+        """The next n events, each a step of one worker (module docstring)."""
+        X, n, timing = io.X, io.X.shape[0], self.timing
+        started = timing.started(self.count)
+        finish = [started[i] + timing.compute * timing.factor(self.count[i], i) for i in range(n)]
         for _ in range(n):
-            i = min(range(n), key=lambda w: (self.finish[w], w))
+            i = min(range(n), key=lambda w: (finish[w], w))
             if not self.ready[i]:
-                self._compute(X, gradients)
-            self.now = self.finish[i]
-            j = self.neighbour(i, self.count[i])
+                self._compute(io)
+            k = self.count[i]
+            io.engine.comm.compute(np.array([i]), np.array([k]))
+            j = self.neighbour(i, k)
             tau = 0.0
             if j is not None:
-                pair = X[[i, j]]
-                X[[i, j]] = pair.mean(0, keepdim=True).expand_as(pair)
+                pair = (min(i, j), max(i, j))
+                if pair not in self._pairs:
+                    self._pairs[pair] = pair_mixing(n, *pair)
+                io.engine.gossip_(X, self._pairs[pair], initiator=i)
                 tau = timing.message(i, j)
-            update(X[i : i + 1], self.grads[i : i + 1].clone(), lr, slice(i, i + 1))
+            io.G[i] = self.grads[i]
+            io.update(np.array([i]))
             self.count[i] += 1
             self.stale[i] = X[i]
             self.ready[i] = False
-            self.finish[i] = self.now + tau + timing.compute * timing.factor(self.count[i], i)
-            comm += tau
-        engine.comm.pairwise(X.shape[1])
-        return comm / n
+            finish[i] = finish[i] + tau + timing.compute * timing.factor(self.count[i], i)  # the clock's order of sums
+        io.G.copy_(self.grads)  # each worker's latest gradient, for φ²
+        step, ema = begin_step(self, io.engine, X, io.G, io.t, io.lr, io.grad_norm_sq_ema, io.measure, average=False)
+        return Stepped(self.losses, None, step, ema, {})
 
-    def _compute(self, X: torch.Tensor, gradients: Gradients) -> None:
+    def _compute(self, io: StepIO) -> None:
         """Every gradient not yet computed, in one batched call at its x̂."""
         rows = [i for i, r in enumerate(self.ready) if not r]
-        waiting = torch.tensor(rows, device=X.device)
-        losses, grads = gradients(self.stale, np.array(self.count), self.calls, rows)
+        waiting = torch.tensor(rows, device=io.X.device)
+        losses = io.gradients(np.array(rows), self.stale, np.array(self.count), self.calls)
         self.calls += 1
-        self.grads.index_copy_(0, waiting, grads.index_select(0, waiting))
+        self.grads.index_copy_(0, waiting, io.G.index_select(0, waiting))
         self.losses.index_copy_(0, waiting, losses.index_select(0, waiting))
         self.ready = [True] * len(self.ready)
 
-    def pause(self, seconds: float) -> None:
-        """Every worker stops for ``seconds`` (measurement traffic)."""
-        self.now += seconds
-        self.finish = [f + seconds for f in self.finish]
-
     def state_dict(self) -> dict:
-        return {"now": self.now, "finish": list(self.finish), "count": list(self.count), "ready": list(self.ready),
-                "calls": self.calls, "rows": {"stale": self.stale, "grads": self.grads, "losses": self.losses}}
+        return {"count": list(self.count), "ready": list(self.ready), "calls": self.calls,
+                "rows": {"stale": self.stale, "grads": self.grads, "losses": self.losses}}
 
     def load_state_dict(self, state: dict) -> None:
-        self.now, self.calls = float(state["now"]), int(state["calls"])
-        self.finish = [float(f) for f in state["finish"]]
+        self.calls = int(state["calls"])
         self.count, self.ready = [int(k) for k in state["count"]], [bool(r) for r in state["ready"]]
         for key, rows in state["rows"].items():
             getattr(self, key).copy_(rows)
@@ -145,9 +163,6 @@ class ADPSGDOptions(GraphOptions):
         if cfg.engine != "sim":
             raise ConfigError(f"algorithm ad-psgd runs only on engine sim (an event-driven simulation); engine "
                               f"{cfg.engine} does not run it")
-        if cfg.optimizer != "sgd":
-            raise ConfigError(f"algorithm ad-psgd applies each gradient on its worker's clock with optimizer sgd; "
-                              f"{cfg.optimizer} counts its steps in lock step")
         if cfg.average_optimizer_state:
             raise ConfigError("algorithm ad-psgd averages only the parameters of a pair: use "
                               "average_optimizer_state: false")
@@ -160,4 +175,4 @@ class ADPSGDOptions(GraphOptions):
                      help="asynchronous decentralized SGD: pairwise averages with one random neighbour on each "
                           "worker's own clock (Lian et al. 2018)")
 def _ad_psgd(cfg, ctx: Context) -> ADPSGD:
-    return ADPSGD(build_graph(cfg), cfg.seed)
+    return ADPSGD(build_graph(cfg), cfg.seed, Timing.of(ctx.clock, ctx.X.shape[1] * BYTES_PER_VALUE))

@@ -18,6 +18,7 @@ from typing import Protocol
 import torch
 
 from ..codecs import Compressor, build_compressor, check_spec
+from ..faults import REJOIN_MODES
 from ..optim import SGD
 from ..registry import ConfigError, positive_ints
 from ..topology import TOPOLOGIES, Topology, build_topology
@@ -187,6 +188,9 @@ class DiLoCoOptions:
                               f"got {self.outer_lr} and {self.outer_momentum}")
         if self.compression != "none":
             check_spec(self.compression)
+        if cfg.faults is not None and (self.fragments > 1 or self.outer_topology != "none" or self.compression != "none"):
+            raise ConfigError("faults: diloco drops workers with fragments: 1, outer_topology: none and compression: "
+                              "none only")
         if self.fragments > self.local_steps:
             raise ConfigError(f"fragments must be at most local_steps={self.local_steps} (each fragment is sent "
                               f"at its own step of the H), got {self.fragments}")
@@ -206,7 +210,7 @@ class DiLoCoOptions:
             raise ConfigError(f"outer_gamma must be in [0, 1], got {self.outer_gamma}")
 
 
-@ALGORITHMS.register("diloco", options=DiLoCoOptions, example=("local_steps=3",),
+@ALGORITHMS.register("diloco", options=DiLoCoOptions, example=("local_steps=3",), faults=REJOIN_MODES,
                      help="DiLoCo: H inner steps, then an outer Nesterov step on the pseudo-gradient; compressed "
                           "(SparseLoCo), streaming (fragments) or on an outer topology (NoLoCo)")
 def _diloco(cfg, ctx: Context) -> DiLoCo:

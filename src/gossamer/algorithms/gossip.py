@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..consensus import ConsensusConfig, Controller, FrequencyControl, build_target
-from ..faults import LivingGraph
+from ..faults import REJOIN_MODES
 from ..registry import ConfigError, positive_ints
 from ..topology import TOPOLOGIES, Mixing, Topology, build_topology, spectral_gap
 from .local import AllReduce
@@ -37,10 +37,6 @@ class GossipState:
     rounds_saved: int = 0
     mixing: Mixing | None = None  # W of the step's round
     change: torch.Tensor | None = None  # per-row ‖(WX)_i − x_i‖² of the step's round (None: no round)
-    living: LivingGraph = field(init=False)  # W_r repaired on the living workers (faults)
-
-    def __post_init__(self) -> None:
-        self.living = LivingGraph(self.topology)
 
     def state_dict(self) -> dict:
         return {key: getattr(self, key) for key in ("rounds", "since_round", "since_sync", "extra_rounds",
@@ -104,6 +100,10 @@ class Gossip(Schedule):
     shared_state: list[torch.Tensor] = field(default_factory=list)
     keep_change: bool = False  # compute each round's change also when the step is not measured
 
+    @property
+    def topology(self) -> Topology:
+        return self.state.topology
+
     def start(self, engine, X: torch.Tensor) -> None:
         self.state.since_round = self.state.since_sync = 0
 
@@ -121,7 +121,7 @@ class Gossip(Schedule):
 
     def _round(self, engine, X: torch.Tensor, measure: bool = False) -> torch.Tensor | None:
         g = self.state
-        g.mixing = g.living.mixing(g.rounds, engine.alive)
+        g.mixing = engine.living(g.topology.mixing(g.rounds))  # the round's W (repaired under faults)
         g.rounds += 1
         for rows in self.shared_state:
             engine.gossip_(rows, g.mixing)
@@ -311,7 +311,7 @@ def _control(cfg, ctx: Context, topology: Topology) -> Controller | FrequencyCon
 
 @ALGORITHMS.register("gossip", options=GossipOptions,
                      example=("topology=one-peer-exponential", "local_steps=2", "phases=[allreduce,gossip,allreduce]",
-                              "phase_steps=[4,8]"),
+                              "phase_steps=[4,8]"), faults=REJOIN_MODES,
                      help="D-SGD over a topology (a gossip round every H steps), by phase, with consensus control "
                           "(Kong et al.)")
 def _gossip(cfg, ctx: Context) -> Schedule:
@@ -333,4 +333,4 @@ def _gossip(cfg, ctx: Context) -> Schedule:
                       shared_state=shared_rows(cfg, ctx), keep_change=ctx.keep_change)
     starts = [int(b) if unit == "steps" else round(b * ctx.steps_per_epoch) for b in boundaries]
     return phased([phase(mode) for mode in modes], starts, ctx, grad_norm_ema=cfg.consensus.ema,
-                  tracks_grad_norm=cfg.consensus.target == "gradient")
+                  tracks_grad_norm=cfg.consensus.target == "gradient", topology=state.topology)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..codecs import Compressor, build_compressor, check_spec
+from ..faults import REJOIN_MODES
 from ..registry import ConfigError, positive_ints
 from .schedule import ALGORITHMS, Context, Schedule, Step, phased, shared_rows
 
@@ -147,6 +148,8 @@ class LocalOptions:
             check_spec(self.compression)
             if cfg.average_optimizer_state:
                 raise ConfigError("average_optimizer_state: true needs compression: none")
+            if cfg.faults is not None:
+                raise ConfigError("faults: compressed averages (compression) do not drop workers; use compression: none")
 
 
 @dataclass
@@ -192,18 +195,19 @@ def _local_sgd(cfg, ctx: Context, block_size: int | None = None, block_rounds: i
     return LocalSGD(cfg.local_steps, sync, block_size, block_rounds)
 
 
-@ALGORITHMS.register("allreduce", help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
+@ALGORITHMS.register("allreduce", faults=REJOIN_MODES, help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
 def _allreduce(cfg, ctx: Context) -> AllReduce:
     return AllReduce()
 
 
-@ALGORITHMS.register("local", options=LocalOptions, example=("local_steps=3",),
+@ALGORITHMS.register("local", options=LocalOptions, example=("local_steps=3",), faults=REJOIN_MODES,
                      help="local SGD: H local steps, then the exact (or compressed) average (Lin et al.)")
 def _local(cfg, ctx: Context) -> LocalSGD:
     return _local_sgd(cfg, ctx)
 
 
 @ALGORITHMS.register("post-local", options=PostLocalOptions, example=("switch_step=5", "local_steps=2"),
+                     faults=REJOIN_MODES,
                      help="post-local SGD: mini-batch SGD until t′, then local SGD (Lin et al.)")
 def _post_local(cfg, ctx: Context) -> Schedule:
     switch = switch_step(cfg, ctx.steps_per_epoch)
@@ -215,7 +219,7 @@ def _post_local(cfg, ctx: Context) -> Schedule:
 
 
 @ALGORITHMS.register("hierarchical", options=HierarchicalOptions,
-                     example=("block_size=2", "block_rounds=2", "local_steps=2"),
+                     example=("block_size=2", "block_rounds=2", "local_steps=2"), faults=REJOIN_MODES,
                      help="hierarchical local SGD: block averages every H steps, global every H·H_b (Lin et al.)")
 def _hierarchical(cfg, ctx: Context) -> LocalSGD:
     return _local_sgd(cfg, ctx, cfg.block_size, cfg.block_rounds)

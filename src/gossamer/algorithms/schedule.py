@@ -1,6 +1,12 @@
 """The communication schedule: its protocol, what a step knows, phases, and the shared step.
 
-Every algorithm is a :class:`Schedule` over the hooks of a training step: ``start`` (from
+Every algorithm is a :class:`Schedule`. The training loop hands it each step (:meth:`Schedule.step`,
+with a :class:`StepIO`: the engine and rows, a gradient oracle, the local optimizer, the workers
+taking part); the default is the synchronous step (:func:`synchronous_step`): the workers that
+compute at step t (``computing(t)``: all, or a schedule's choice, e.g. a sporadic worker's coin;
+less the gone ones under faults) take a gradient and their local step, and the schedule
+communicates through its hooks. An event-driven schedule (AD-PSGD) overrides ``step``. The hooks
+of the synchronous step are ``start`` (from
 identical models: the run's start, or the start of a phase entered after a gradient-averaging
 one), ``on_gradients`` (after backward, before the local optimizer step: where mini-batch SGD
 averages gradients; ``averages_gradients(t)`` says whether it does at step t, and then it does
@@ -9,7 +15,8 @@ nothing else, so a gradient all-reduce done elsewhere — DDP's — can stand in
 for the step's row). ``step.t`` is the 0-based index of the step being taken. Everything a
 schedule carries from step to step is in its ``state_dict()`` (tensors with one row per worker
 under ``rows``), so a run can be resumed; its cumulative counts (extra gossip rounds, …) are
-reported by ``counters()`` for the summary.
+reported by ``counters()`` for the summary. A schedule that communicates on a graph has it as
+its ``topology`` (:func:`graph_of`): where a rejoining worker finds its neighbours.
 
 :class:`Phases` composes schedules: sub-schedule k runs from its first step on (post-local SGD
 is mini-batch SGD, then local SGD; gossip's ``phases`` are all-reduce, gossip or controlled
@@ -21,7 +28,9 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
 
+import numpy as np
 import torch
 
 from ..registry import ConfigError, Registry
@@ -50,9 +59,16 @@ class Schedule:
 
     grad_norm_ema: float = GRAD_NORM_EMA
     tracks_grad_norm: bool = False
-
     def start(self, engine, X: torch.Tensor) -> None:
         pass
+
+    def computing(self, t: int) -> np.ndarray | None:
+        """The workers that compute at step t (bool [n]); None: all of them."""
+        return None
+
+    def step(self, io: StepIO) -> Stepped:
+        """Step t of every worker (:func:`synchronous_step`)."""
+        return synchronous_step(self, io)
 
     def averages_gradients(self, t: int) -> bool:
         return False
@@ -87,6 +103,62 @@ class Context:
     buffer_rows: list[torch.Tensor] = field(default_factory=list)  # buffers averaged with the parameters
     keep_change: bool = False  # gossip: each round's local change also on steps not measured (the hooks' estimate)
     outer_optimizer: object | None = None  # DiLoCo: fragment's columns -> a user's outer optimizer on them
+    clock: object | None = None  # the run's network.Clock (with a network section): event-driven schedules' time
+
+
+# (local rows that compute, None: all; the models to take them at, None: X; each row's batch count;
+# the augmentation's draw) → the per-row losses [m], the gradients in G (the other rows undefined)
+Gradients = Callable[[np.ndarray | None, torch.Tensor | None, np.ndarray | int, int], torch.Tensor]
+
+
+@dataclass
+class StepIO:
+    """What the training loop hands a schedule's step t: the engine and its rows X and G, η_t,
+    whether the step is measured, the EMA of φ² so far, the workers that take part in computing
+    (``computes``, bool [n]: the schedule's choice less the gone ones; None: all), the gradient
+    oracle and the local optimizer's step (``update(rows)``: the local rows that step, None: all)."""
+
+    engine: Any
+    X: torch.Tensor
+    G: torch.Tensor
+    t: int
+    lr: float
+    measure: bool
+    grad_norm_sq_ema: float | None
+    computes: np.ndarray | None
+    gradients: Gradients
+    update: Callable[[np.ndarray | None], None]
+
+    def local(self, workers: np.ndarray | None) -> np.ndarray | None:
+        """The local rows of the workers set in ``workers`` (bool [n]); None: all."""
+        if workers is None:
+            return None
+        return np.flatnonzero(workers[self.engine.rows.start : self.engine.rows.stop])
+
+
+class Stepped(NamedTuple):
+    """What a step gives the loop: the per-row losses of the workers ``computed`` (global
+    indices; None: all), the :class:`Step`, the new EMA of φ², the schedule's row metrics."""
+
+    losses: torch.Tensor
+    computed: list[int] | None
+    step: Step
+    grad_norm_sq_ema: float | None
+    metrics: dict
+
+
+def synchronous_step(schedule: Schedule, io: StepIO) -> Stepped:
+    """Every computing worker takes a gradient of its step-t batch at its model (the ledger
+    keeps the computation, for the clock), then the gradient stage (:func:`begin_step`: φ² over
+    them, ``on_gradients``), their local optimizer step, and ``after_step``."""
+    rows = io.local(io.computes)
+    computed = None if io.computes is None else np.flatnonzero(io.computes).tolist()
+    losses = io.gradients(rows, None, io.t, io.t)
+    io.engine.comm.compute(None if computed is None else np.asarray(computed), io.t)
+    step, ema = begin_step(schedule, io.engine, io.X, io.G, io.t, io.lr, io.grad_norm_sq_ema, io.measure,
+                           over=computed)
+    io.update(rows)
+    return Stepped(losses, computed, step, ema, schedule.after_step(io.engine, io.X, step))
 
 
 @dataclass
@@ -105,10 +177,14 @@ class Phases(Schedule):
     optimizer_state: list[torch.Tensor] = field(default_factory=list)
     grad_norm_ema: float = GRAD_NORM_EMA
     tracks_grad_norm: bool = False
+    topology: Any = None  # the graph of its decentralized phases
     phase: int = 0  # the phase entered last
 
     def _of(self, t: int) -> int:
         return bisect.bisect_right(self.starts, t)
+
+    def computing(self, t: int) -> np.ndarray | None:
+        return self.phases[self._of(t)].computing(t)
 
     def start(self, engine, X: torch.Tensor) -> None:
         self.phase = self._of(0)
@@ -157,14 +233,16 @@ def phased(phases: list[Schedule], starts: list[int], ctx: Context, **kwargs) ->
 
 
 def begin_step(schedule: Schedule, engine, X: torch.Tensor, G: torch.Tensor, t: int, lr: float,
-               grad_norm_sq_ema: float | None, measure: bool, average: bool = True) -> tuple[Step, float | None]:
-    """The gradient stage of step t, after backward: φ_t² = (1/n) Σ_i ‖g_i‖² (before any averaging)
-    and its EMA s_t = β s_{t−1} + (1 − β) φ_t² when the step is measured or the schedule tracks it,
-    the :class:`Step`, then the schedule's ``on_gradients`` (unless ``average`` is False: a DDP
-    all-reduce stands in for it). Returns the step and the new EMA."""
+               grad_norm_sq_ema: float | None, measure: bool, average: bool = True,
+               over: list[int] | None = None) -> tuple[Step, float | None]:
+    """The gradient stage of step t, after backward: φ_t² = (1/n) Σ_i ‖g_i‖² (before any averaging;
+    over the workers ``over`` that computed, None: all) and its EMA s_t = β s_{t−1} + (1 − β) φ_t²
+    when the step is measured or the schedule tracks it, the :class:`Step`, then the schedule's
+    ``on_gradients`` (unless ``average`` is False: a DDP all-reduce stands in for it). Returns the
+    step and the new EMA."""
     phi_sq = None
     if measure or schedule.tracks_grad_norm:
-        phi_sq = engine.mean_scalar(G.square().sum(1))
+        phi_sq = engine.mean_scalar(G.square().sum(1), over=over)
         beta = schedule.grad_norm_ema
         grad_norm_sq_ema = phi_sq if grad_norm_sq_ema is None else beta * grad_norm_sq_ema + (1 - beta) * phi_sq
     step = Step(t, lr, phi_sq or 0.0, grad_norm_sq_ema or 0.0, measure)
@@ -176,6 +254,12 @@ def begin_step(schedule: Schedule, engine, X: torch.Tensor, G: torch.Tensor, t: 
 def shared_rows(cfg, ctx: Context) -> list[torch.Tensor]:
     """The rows communicated with the parameters: optimizer state if averaged, and buffers."""
     return [*(ctx.optimizer_rows if cfg.average_optimizer_state else []), *ctx.buffer_rows]
+
+
+def graph_of(schedule: Schedule):
+    """The Topology a schedule communicates on (its ``topology``); None: every worker is every
+    other's neighbour (all-reduce, local SGD, DiLoCo)."""
+    return getattr(schedule, "topology", None)
 
 
 def build_schedule(cfg, ctx: Context) -> Schedule:

@@ -2,7 +2,7 @@
 
 ``sim`` holds all n rows in one process (communication is tensor ops); ``dist`` runs under
 torchrun, each of P processes holding n/P rows (:mod:`gossamer.engines.dist`). Both count what a
-real network would carry in the same :class:`~gossamer.engines.stats.CommStats`.
+real network would carry in the same ledger (:mod:`gossamer.engines.ledger`).
 """
 
 from __future__ import annotations

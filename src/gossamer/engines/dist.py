@@ -46,6 +46,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..groups import Groups
 from ..topology import Mixing
 from .base import Engine, Gathered, combine
 from .failures import PeerLost, Watchdog
@@ -172,35 +173,36 @@ class DistEngine(Engine):
 
     # ------------------------------------------------------------------ primitives
 
-    def _group_mean_(self, X: torch.Tensor, size: int) -> None:
+    def _groups_mean_(self, X: torch.Tensor, groups: Groups) -> None:
+        """Consecutive blocks: an all-reduce of the sum of the local members' rows (over the
+        block's process subgroup, nothing when the block lies here), divided by the members;
+        any other groups: a gossip round of their averaging matrix (:meth:`Groups.mixing`)."""
+        if not groups.consecutive:
+            X.copy_(self._mixed(X, groups.mixing))
+            return
+        size = groups.size
         for local, group, _ in self._blocks(size):
             part = X[local]
-            if group is None:  # the whole group is here
+            if groups.member is None and group is None:  # the whole block is here
                 part.copy_(part.mean(0, keepdim=True).expand_as(part))
-            else:
-                total = part.sum(0)
-                self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True),
-                          timed="algorithm")
-                part.copy_((total / size).expand_as(part))
-
-    def _living_mean_(self, X: torch.Tensor, size: int) -> None:
-        for local, group, _ in self._blocks(size):
-            part, alive = X[local], self._living[local]
+                continue
             first = (self.rows.start + local.start) // size * size  # the block's first worker
-            total = part.mul(alive).sum(0)
+            member = None if groups.member is None else torch.tensor(
+                groups.member[self.rows.start + local.start : self.rows.start + local.stop], device=X.device)[:, None]
+            total = part.sum(0) if member is None else part.mul(member).sum(0)
             if group is not None:
                 self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True),
                           timed="algorithm")
-            count = max(1, int(self.alive[first : first + size].sum()))
-            part.copy_(torch.where(alive, total / count, part))
+            count = size if member is None else max(1, int(groups.member[first : first + size].sum()))
+            part.copy_((total / count).expand_as(part) if member is None else torch.where(member, total / count, part))
 
-    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor) -> torch.Tensor:
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None) -> torch.Tensor:
         lo, hi = self.rows.start, self.rows.stop
-        total = T.index_select(0, workers[(workers >= lo) & (workers < hi)] - lo).sum(0)
+        total = T.sum(0) if workers is None else T.index_select(0, workers[(workers >= lo) & (workers < hi)] - lo).sum(0)
         if total.numel():
             self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True),
                       timed="metrics")
-        return total / len(workers)
+        return total / (self.n if workers is None else len(workers))
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Receive the rows this block's workers mix in, then combine: W X for the local rows."""
@@ -244,13 +246,6 @@ class DistEngine(Engine):
                       timed="algorithm")
             messages.append(torch.cat([p[:c] for p, c in zip(parts, counts)]))
         return Gathered(torch.stack(messages), row_group)
-
-    def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
-        total = X.sum(0)
-        if total.numel():
-            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True),
-                      timed="metrics")
-        return total / self.n
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
         return self.gather_rows(values.to(self.device), everywhere=True, timed="metrics")

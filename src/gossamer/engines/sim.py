@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from ..groups import Groups
 from ..topology import Mixing
 from .base import Engine, Gathered, combine
 
 
-def _group_mean_(X: torch.Tensor, group: int) -> None:
-    """Rows of each group of ``group`` consecutive rows ← their mean (in place)."""
-    blocks = X.view(-1, group, X.shape[1])
-    blocks.copy_(blocks.mean(1, keepdim=True).expand_as(blocks))
+def groups_mean(Y: torch.Tensor, member: torch.Tensor | None) -> torch.Tensor:
+    """Each group of Y [k, g, d] with its members' mean in their rows (``member`` [k, g, 1]:
+    which seats hold a member; the others keep their rows)."""
+    if member is None:
+        return Y.mean(1, keepdim=True).expand_as(Y)
+    means = Y.mul(member).sum(1, keepdim=True).div_(member.sum(1, keepdim=True).clamp(min=1))
+    return torch.where(member, means, Y)
 
 
 def _mix_shifts(X: torch.Tensor, shifts: list[int], weight: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -42,8 +46,18 @@ class SimEngine(Engine):
         super().__init__(n, range(n))
         self._gathered: torch.Tensor | None = None  # a second [n, d] buffer, for graphs that are not shifts
 
-    def _group_mean_(self, X: torch.Tensor, size: int) -> None:
-        _group_mean_(X, size)
+    def _groups_mean_(self, X: torch.Tensor, groups: Groups) -> None:
+        """The seated rows as [k, g, d] (a view when the seats are the workers in order, else
+        gathered), each group's mean written to its members' rows."""
+        g, d = groups.size, X.shape[1]
+        member = None if groups.member is None else groups.plan(("sim member", X.device), lambda: torch.tensor(
+            groups.member, device=X.device).view(-1, g, 1))
+        if groups.consecutive:
+            blocks = X.view(-1, g, d)
+            blocks.copy_(groups_mean(blocks, member))
+            return
+        index = groups.plan(("sim index", X.device), lambda: torch.tensor(groups.index, device=X.device))
+        X.index_copy_(0, index, groups_mean(X.index_select(0, index).view(-1, g, d), member).reshape(-1, d))
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         index, weight, dense, shifts = mixing.plan(("sim", X.dtype, X.device), lambda: self._plan(mixing, X))
@@ -75,17 +89,8 @@ class SimEngine(Engine):
         rows = torch.arange(self.n, device=payload.device)
         return Gathered(payload.view(self.n // size, size, payload.shape[1]), rows // size)
 
-    def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
-        return X.mean(0)
-
-    def _living_mean_(self, X: torch.Tensor, size: int) -> None:
-        """Living rows of each group of ``size`` ← the mean of the group's living rows."""
-        blocks, alive = X.view(-1, size, X.shape[1]), self._living.view(-1, size, 1)
-        means = blocks.mul(alive).sum(1, keepdim=True).div_(alive.sum(1, keepdim=True).clamp(min=1))
-        blocks.copy_(torch.where(alive, means, blocks))
-
-    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor) -> torch.Tensor:
-        return T.index_select(0, workers).mean(0)
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None) -> torch.Tensor:
+        return T.mean(0) if workers is None else T.index_select(0, workers).mean(0)
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
         return values

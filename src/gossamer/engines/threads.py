@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from ..groups import Groups
 from ..topology import Mixing
 from .base import Engine, Gathered
 from .sim import SimEngine
@@ -57,9 +58,9 @@ class ThreadEngine(Engine):
     def _mine(self, full: torch.Tensor) -> torch.Tensor:
         return full[self.rank : self.rank + 1]
 
-    def _group_mean_(self, X: torch.Tensor, size: int) -> None:
+    def _groups_mean_(self, X: torch.Tensor, groups: Groups) -> None:
         def mean(full):
-            self.hub.sim._group_mean_(full, size)
+            self.hub.sim._groups_mean_(full, groups)
             return full
         X.copy_(self._mine(self.hub.collective(self.rank, X, mean)))
 
@@ -74,8 +75,8 @@ class ThreadEngine(Engine):
         group = self.rank // size
         return Gathered(gathered.messages[group : group + 1], torch.zeros(1, dtype=torch.long, device=payload.device))
 
-    def _row_mean(self, X: torch.Tensor) -> torch.Tensor:
-        return self.hub.collective(self.rank, X, lambda full: full.mean(0))
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None) -> torch.Tensor:
+        return self.hub.collective(self.rank, T, lambda full: self.hub.sim._rows_mean(full, workers))
 
     def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
         return self.hub.collective(self.rank, values.reshape(1), lambda full: full)

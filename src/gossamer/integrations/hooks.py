@@ -42,7 +42,7 @@ from ..algorithms.gossip import gossip_state, local_estimate
 from ..config import from_dict
 from ..engines.base import Engine
 from ..engines.dist import DistEngine, env_world_size, retain
-from ..engines.stats import CommStats
+from ..engines.ledger import Ledger
 from ..registry import ConfigError
 from ..workers import bind_row, float_buffers, layout
 
@@ -161,7 +161,7 @@ class Synchronizer:
         self._step, self.grad_norm_sq_ema = begin_step(self.schedule, self.engine, self.X, self.G, self.t, lr,
                                                        self.grad_norm_sq_ema, measure=False, average=not ddp_averaged)
         if ddp_averaged:  # DDP's comm hook averaged the gradients during backward
-            self.engine.comm.allreduce(self.d, self.engine.n)
+            self.engine.recorded_allreduce(self.d)
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         self._bind_optimizer_state()
@@ -231,7 +231,7 @@ class Synchronizer:
         return self.schedule.counters().get("extra_gossip_rounds", 0)
 
     @property
-    def comm(self) -> CommStats:
+    def comm(self) -> Ledger:
         """The algorithm's communication so far, per worker, counted as in ``summary.json``."""
         return self.engine.comm
 
@@ -303,7 +303,7 @@ class Synchronizer:
         if self.engine.mean_scalar((first != self.X).any(1).to(self.X.dtype)) > 0:
             raise ConfigError("the model's parameters differ across ranks at the start: initialise them alike on "
                               "every rank (the same torch.manual_seed before building the model, or one checkpoint)")
-        self.engine.comm = CommStats()  # the check is set-up, not training traffic
+        self.engine.comm = Ledger(self.engine.n)  # the check is set-up, not training traffic
 
 
 def _same_ranks(a, b) -> bool:
