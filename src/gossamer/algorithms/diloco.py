@@ -22,6 +22,7 @@ from ..faults import REJOIN_MODES
 from ..optim import SGD
 from ..registry import ConfigError, positive_ints
 from ..topology import TOPOLOGIES, Topology, build_topology
+from .peer import gossip_together
 from .schedule import ALGORITHMS, Context, Schedule, Step
 
 
@@ -90,7 +91,8 @@ class DiLoCo(Schedule):
     (the authors' code: the heavy-ball form of this with γ = 1; here DiLoCo's Nesterov, so that
     W = 11ᵀ/n, ``complete``, is DiLoCo). Every worker keeps its own copy of x_outer and of the outer
     optimizer's state, and its inner optimizer's state across outer steps, as the DiLoCo paper
-    does. ``shared_state`` (buffers) is averaged at each send of fragment 0.
+    does. ``shared_state`` (buffers) is averaged at each send of fragment 0 — with an outer
+    topology, mixed in the same gossip round (NoLoCo has no all-reduce).
     """
 
     local_steps: int
@@ -125,12 +127,12 @@ class DiLoCo(Schedule):
 
     def _send(self, engine, X: torch.Tensor, j: int, t: int) -> None:
         cols, outer = self.fragments[j], self.x_outer[:, self.fragments[j]]
-        if j == 0:
-            for rows in self.shared_state:
-                engine.allreduce_mean_(rows)
         if self.topology is not None:
             self._neighbours_step(engine, X, t)
             return
+        if j == 0:
+            for rows in self.shared_state:
+                engine.allreduce_mean_(rows)
         # the fragment travels while the next τ steps compute (at most until the next send)
         with engine.comm.running_behind(min(self.delay, self.local_steps // len(self.fragments))):
             if self.compressors is None:
@@ -143,11 +145,11 @@ class DiLoCo(Schedule):
                             messages.mean(lambda m: codec.codec.decode(m, t)))
 
     def _neighbours_step(self, engine, X: torch.Tensor, t: int) -> None:
-        d = X.shape[1]
-        both = torch.cat([self.x_outer - X, self.x_outer], dim=1)
-        engine.gossip_(both, self.topology.mixing((t + 1) // self.local_steps - 1))
-        gradient = both[:, :d].add_(self.x_outer - both[:, d:], alpha=self.gamma)
-        self.outers[0].step(self.x_outer, gradient)
+        """NoLoCo's outer step: Δ, x_outer and the buffers in one gossip round (no all-reduce)."""
+        delta, neighbours = self.x_outer - X, self.x_outer.clone()
+        gossip_together(engine, self.topology.mixing((t + 1) // self.local_steps - 1), delta, neighbours,
+                        *self.shared_state)
+        self.outers[0].step(self.x_outer, delta.add_(self.x_outer - neighbours, alpha=self.gamma))
 
     def state_dict(self) -> dict:
         rows = {"x_outer": self.x_outer}
