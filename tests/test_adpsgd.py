@@ -11,11 +11,11 @@ from cases import DIRECTED
 from conftest import small_config
 
 from gossamer.algorithms import StepIO
-from gossamer.algorithms.asynchronous import ADPSGD, NEIGHBOUR_STREAM
+from gossamer.algorithms.asynchronous import ADPSGD
 from gossamer.cli import main
 from gossamer.engines.sim import SimEngine
 from gossamer.network import Speeds
-from gossamer.rng import host_generator
+from gossamer.rng import host_stream
 from gossamer.topology import build_topology
 from gossamer.train import build_run, epoch_indices, lr_at, train
 from gossamer.workers import WorkerMatrix
@@ -46,7 +46,7 @@ def reference(cfg, run) -> tuple[torch.Tensor, np.ndarray]:
         idx = epoch_indices(run, k // S)[k % S, i]
         one.X[0] = read[i]
         one.loss_and_grad(run.data.x_train[idx][None], run.data.y_train[idx][None])
-        j = peers[i][host_generator(cfg.seed, NEIGHBOUR_STREAM, k, i).integers(len(peers[i]))]
+        j = peers[i][host_stream("ad-psgd-neighbour", cfg.seed, k, i).integers(len(peers[i]))]
         X[i] = X[j] = (X[i] + X[j]) / 2
         X[i] -= lr_at(cfg, event // n, S) * one.G[0]
         count[i] += 1

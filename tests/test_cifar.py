@@ -128,10 +128,10 @@ def test_crop_flip_is_a_padded_crop_then_a_flip_per_sample():
     augment = CropFlip(fill)
     n, b = 3, 5
     x = torch.randn(n, b, 3, 8, 6, dtype=torch.float64)
-    out = augment(x, range(n), n, torch.Generator().manual_seed(7))
-    g = torch.Generator().manual_seed(7)  # the same draws, in the same order
-    offsets = torch.randint(0, 9, (n, b, 2), generator=g)
-    flips = torch.randint(0, 2, (n, b, 1), generator=g)
+    out = augment(x, range(n), n, np.random.default_rng(7))
+    g = np.random.default_rng(7)  # the same draws, in the same order
+    offsets = torch.from_numpy(g.integers(0, 9, (n, b, 2)))
+    flips = torch.from_numpy(g.integers(0, 2, (n, b, 1)))
     for i in range(n):
         for j in range(b):
             ref = _reference_crop_flip(x[i, j], *offsets[i, j].tolist(), bool(flips[i, j]), torch.tensor(fill).double())
@@ -142,19 +142,19 @@ def test_crop_flip_is_a_padded_crop_then_a_flip_per_sample():
 def test_a_worker_gets_the_same_augmentation_whichever_engine_holds_it():
     augment, n, b = CropFlip((0.0, 0.0, 0.0)), 4, 6
     x = torch.randn(n, b, 3, 32, 32)
-    full = augment(x, range(n), n, torch.Generator().manual_seed(3))
+    full = augment(x, range(n), n, np.random.default_rng(3))
     for rows in (range(0, 2), range(2, 4), range(1, 2)):  # the blocks of 2 processes, and one worker
-        part = augment(x[rows.start : rows.stop], rows, n, torch.Generator().manual_seed(3))
+        part = augment(x[rows.start : rows.stop], rows, n, np.random.default_rng(3))
         assert torch.equal(part, full[rows.start : rows.stop])
-    assert not torch.equal(full, augment(x, range(n), n, torch.Generator().manual_seed(4)))
+    assert not torch.equal(full, augment(x, range(n), n, np.random.default_rng(4)))
 
 
 def test_train_batches_are_augmented_deterministically_and_test_data_never(root):
     data = load_dataset(cifar_cfg(root))
     idx = torch.arange(16).view(4, 4)
-    x1, y1 = data.train_batch(idx, range(4), seed=11)
-    x2, _ = data.train_batch(idx, range(4), seed=11)
-    x3, _ = data.train_batch(idx, range(4), seed=12)
+    x1, y1 = data.train_batch(idx, range(4), np.random.default_rng(11))
+    x2, _ = data.train_batch(idx, range(4), np.random.default_rng(11))
+    x3, _ = data.train_batch(idx, range(4), np.random.default_rng(12))
     assert torch.equal(x1, x2) and not torch.equal(x1, x3)
     assert not torch.equal(x1, data.x_train[idx]) and torch.equal(y1, data.y_train[idx])
 

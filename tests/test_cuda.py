@@ -11,7 +11,7 @@ from cases import SHORT
 
 from gossamer.config import load_config
 from gossamer.models.resnet20 import ResNet20
-from gossamer.train import Progress, build_run, epoch_indices, train, train_step
+from gossamer.train import Batches, Progress, build_run, train, train_step
 from gossamer.workers import WorkerMatrix
 
 DEVICE = torch.device(os.environ.get("GOSSAMER_TEST_DEVICE", "cuda"))
@@ -54,13 +54,13 @@ def test_loop_and_vmap_agree_with_batchnorm_on_the_device():
 def test_a_step_whose_metrics_are_not_due_never_synchronises_with_the_host():
     cfg = load_config(None, [*SHORT, "algorithm=gossip", "topology=ring", "device=cuda"])
     run = build_run(cfg)
-    x, y = run.data.train_batch(epoch_indices(run, 0)[0], run.engine.rows, seed=0)
-    progress = Progress()
+    batches, progress = Batches(run), Progress()
+    batches.epoch(0)
     run.schedule.start(run.engine, run.workers.X)
-    train_step(run, progress, x, y, 0, 0.05, measure=False)  # warm-up: plans and caches are built once
+    train_step(run, progress, batches, 0, 0.05, measure=False, computes=None)  # warm-up: plans, caches
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        train_step(run, progress, x, y, 1, 0.05, measure=False)
+        train_step(run, progress, batches, 1, 0.05, measure=False, computes=None)
     finally:
         torch.cuda.set_sync_debug_mode("default")

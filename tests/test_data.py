@@ -88,8 +88,8 @@ def _top_class_fraction(y, shard):
 
 def test_dirichlet_skew():
     y = _labels()
-    skewed = dirichlet_shards(y, 10, alpha=0.05, seed=0, min_size=1)
-    assert sum(_top_class_fraction(y, s) > 0.5 for s in skewed) >= 7
+    skewed = [dirichlet_shards(y, 10, alpha=0.05, seed=seed, min_size=1) for seed in range(4)]
+    assert sum(_top_class_fraction(y, s) > 0.5 for shards in skewed for s in shards) >= 24  # of 40
     uniform = dirichlet_shards(y, 10, alpha=1000.0, seed=0, min_size=1)
     assert all(_top_class_fraction(y, s) < 0.2 for s in uniform)
     assert all(80 <= len(s) <= 120 for s in uniform)

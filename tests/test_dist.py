@@ -235,3 +235,36 @@ def test_a_rank_killed_under_torchrun_max_restarts_resumes_and_a_checkpoint_resu
     train(cfg, run)
     resumed = torch.load(tmp_path / "straight" / "checkpoint.pt", weights_only=True)["rows"]["X"]
     torch.testing.assert_close(resumed, run.workers.X, rtol=0, atol=1e-10)
+
+
+# ---------------------------------------------------------------- the works held for a clean exit
+
+HELD_WORKS = """
+import time, weakref, torch
+from gossamer.engines.dist import DistEngine
+engine = DistEngine(2, backend="gloo", timeout=60)
+refs = []
+for i in range(3):
+    T = torch.full((1, 1_000_000), float(engine.rank + i))
+    refs.append(weakref.ref(T))
+    out = engine.gather_rows(T, everywhere=True)
+    assert out[:, 0].tolist() == [i, i + 1]
+    del T, out
+    assert refs[-1]() is not None, i  # held, with its work, past the collective (the exit-abort fix)
+    engine.allreduce_mean_(torch.ones(1, 1000))
+    deadline = time.monotonic() + 5  # gloo's thread may let go of the work a few ms after the main thread
+    while any(r() is not None for r in refs) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert all(r() is None for r in refs), i  # freed when the next collective began
+engine.close()
+print("freed")
+"""
+
+
+@pytest.mark.slow
+def test_a_finished_collectives_tensors_are_freed_when_the_next_one_begins(tmp_path):
+    """The works held for a clean exit hold their tensors: the engine frees them when its next
+    collective begins (holding the last 8 collectives' grew a process by 866 MB in three steps of
+    a 100 MB all-gather and all-reduce); the processes exit cleanly."""
+    for code, out, err in finish(spawn(2, ["-c", HELD_WORKS], cwd=tmp_path), timeout=120):
+        assert code == 0 and out.strip() == "freed", err[-3000:]

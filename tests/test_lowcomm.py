@@ -16,7 +16,7 @@ from gossamer.cli import main
 from gossamer.codecs import RandomK, build_compressor, check_spec
 from gossamer.config import ConfigError
 from gossamer.engines.ledger import allreduce_bytes
-from gossamer.rng import generator
+from gossamer.rng import host_stream
 from gossamer.topology import build_topology
 from test_peer_algorithms import drive, quadratic
 from test_schedules import record
@@ -215,11 +215,11 @@ def test_noloco_matches_its_update_rule_and_gossips_both_models():
 
 def test_sparta_matches_its_update_rule_and_counts_one_allreduce_of_the_chosen_coordinates():
     X, B = quadratic(n=4, d=6)
-    got = drive(Sparta(RandomK(NUMELS, 0.5, seed=3)), X.clone(), B, 7, 0.1)
+    got = drive(Sparta(RandomK(NUMELS, 0.5, seed=3, stream="sparta")), X.clone(), B, 7, 0.1)
     X = X.clone()
     for t in range(7):
         X -= 0.1 * (X - B)
-        chosen = [torch.randperm(n, generator=generator(3, t, k))[: math.ceil(n / 2)] + o
+        chosen = [torch.from_numpy(host_stream("sparta", 3, t, k).permutation(n)[: math.ceil(n / 2)]) + o
                   for k, (n, o) in enumerate(zip(NUMELS, (0, 2, 5)))]
         for c in torch.cat(chosen).tolist():
             X[:, c] = X[:, c].mean()

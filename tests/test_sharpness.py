@@ -1,5 +1,6 @@
 """Sharpness: power iteration with Hessian-vector products against known and full Hessians."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -7,7 +8,8 @@ from torch import nn
 from conftest import train_rows, write_cifar
 from gossamer.config import load_config
 from gossamer.sharpness import HVP_CHUNK, loss_hvp, model_sharpness, top_eigenvalue, training_subset
-from gossamer.train import _batch_seed, averaged_model, build_run, evaluate
+from gossamer.rng import host_stream
+from gossamer.train import averaged_model, build_run, evaluate
 from gossamer.workers import WorkerMatrix, flatten
 
 
@@ -58,9 +60,9 @@ def test_model_sharpness_agrees_with_the_full_hessian_of_a_small_mlp():
         return nn.functional.cross_entropy(torch.func.functional_call(template, named, (inputs,)), targets)
     full = torch.func.hessian(loss)(x)
     expected = torch.linalg.eigvalsh(full).max().item()
-    estimate = model_sharpness(workers, x, workers.B[0], inputs, targets, iterations=500, seed=3)
+    estimate = model_sharpness(workers, x, workers.B[0], inputs, targets, iterations=500, rng=np.random.default_rng(3))
     assert estimate == pytest.approx(expected, rel=1e-6)
-    assert model_sharpness(workers, x, workers.B[0], inputs, targets, iterations=500, seed=3) == estimate
+    assert model_sharpness(workers, x, workers.B[0], inputs, targets, iterations=500, rng=np.random.default_rng(3)) == estimate
 
 
 def test_training_reports_the_sharpness_of_x_bar_at_each_evaluation():
@@ -89,7 +91,7 @@ def test_sharpness_is_taken_with_the_batchnorm_statistics_bn_eval_gives_x_bar(tm
         run = build_run(load_config(None, [*base, f"bn_eval={bn_eval}"]))
         found[bn_eval] = evaluate(run, 0)["sharpness"]
         x_bar, b_bar = flatten(averaged_model(run, 0))
-        subset = training_subset(len(run.data.y_train), 20, run.cfg.seed)
+        subset = training_subset(len(run.data.y_train), 20, host_stream("sharpness-subset", run.cfg.seed))
         assert found[bn_eval] == model_sharpness(run.workers, x_bar, b_bar, run.data.x_train[subset],
-                                                 run.data.y_train[subset], 3, seed=_batch_seed(run.cfg.seed, 1))
+                                                 run.data.y_train[subset], 3, host_stream("sharpness-start", run.cfg.seed, 1))
     assert found["average"] != found["recompute"]

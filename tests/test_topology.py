@@ -2,10 +2,12 @@ import ast
 import inspect
 import math
 
+import networkx as nx
 import numpy as np
 import pytest
 
 from gossamer import topology_dynamic
+from gossamer.rng import stream_seed
 from gossamer.topology import (
     TOPOLOGIES,
     Mixing,
@@ -15,6 +17,7 @@ from gossamer.topology import (
     analyse,
     build_topology,
     graph_bytes,
+    metropolis_hastings,
     spectral_gap,
 )
 
@@ -198,9 +201,15 @@ def test_random_graphs_deterministic():
         c = build_topology(spec, 16, seed=2).matrix(0)
         np.testing.assert_array_equal(a, b)
         assert not np.array_equal(a, c)
-    # erdos_renyi_graph(16, 0.3, seed=3) is disconnected, so seed 3 retries with seed 4
-    np.testing.assert_array_equal(build_topology("erdos-renyi", 16, seed=3).matrix(0),
-                                  build_topology("erdos-renyi", 16, seed=4).matrix(0))
+    # a disconnected draw is redrawn with the next attempt of the graph stream
+    retried = 0
+    for seed in range(20):
+        attempt = next(a for a in range(100) if nx.is_connected(nx.erdos_renyi_graph(16, 0.3, seed=stream_seed("graph", seed, a))))
+        retried += attempt > 0
+        graph = nx.erdos_renyi_graph(16, 0.3, seed=stream_seed("graph", seed, attempt))
+        np.testing.assert_array_equal(build_topology("erdos-renyi", 16, seed=seed).matrix(0),
+                                      metropolis_hastings(graph, 16).dense())
+    assert retried  # the retry was exercised
     w = build_topology("random-regular:3", 16).matrix(0)
     assert ((w > 0).sum(1) == 4).all()
     np.testing.assert_allclose(w[(w > 0) & ~np.eye(16, dtype=bool)], 1 / 4)

@@ -10,21 +10,21 @@ bytes (float32 values, int32 indices):
 
 - ``sign`` (Lin et al. 2020): C(Δ) = (‖Δ‖₁ / d_t) · sign(Δ): one bit a coordinate and one
   float32 scale a tensor, ⌈d/8⌉ + 4T bytes. A bit has two states, so an exact zero (a coordinate
-  that did not move) is sent as +1 or −1 by a fair coin of the worker's generator (seed, round,
-  worker): E sign = 0 = sign(0), so unchanged coordinates do not drift.
+  that did not move) is sent as +1 or −1 by a fair coin of the worker's generator (stream
+  ``sign``: seed, round, worker): E sign = 0 = sign(0), so unchanged coordinates do not drift.
 - ``top-k:F`` (Stich et al. 2018): the k_t = ⌈F·d_t⌉ entries of largest magnitude, as int32
   indices and float32 values: 8 Σ k_t bytes. Biased; ‖C(Δ) − Δ‖² ≤ (1 − k_t/d_t)‖Δ‖².
 - ``random-k:F``: k_t coordinates drawn uniformly without replacement from a generator that
-  every worker seeds alike with (seed, round, tensor), so the indices are not sent: 4 Σ k_t
+  every worker seeds alike (stream ``random-k``: seed, round, tensor), so the indices are not sent: 4 Σ k_t
   bytes. Unbiased form (d_t / k_t)·Δ_S.
 - ``qsgd:S`` (Alistarh et al. 2017): per tensor ‖Δ‖₂ · sign(Δ_j) · ξ_j / S, with ξ_j ∈ {0..S}
   rounded up from S|Δ_j|/‖Δ‖₂ with probability equal to its fractional part (a generator per
-  worker, seeded with (seed, round, worker)): unbiased. Sign and level take
+  worker, stream ``qsgd``: seed, round, worker): unbiased. Sign and level take
   1 + ⌈log₂(S + 1)⌉ bits a coordinate, plus a float32 norm a tensor.
 - ``quant:B`` (B-bit uniform quantisation): per tensor a float32 scale s_t = max_j |Δ_j| (rounded
   up to float32), each coordinate a level ℓ_j ∈ {−L..L}, L = 2^(B−1) − 1, standing for s_t ℓ_j / L,
   rounded stochastically (ℓ_j = ⌊u_j⌋ + [U_j < u_j − ⌊u_j⌋], u_j = L Δ_j / s_t; U_j from the
-  worker's generator (seed, round, worker)): unbiased. B bits a coordinate, ⌈B·d/8⌉ + 4T bytes.
+  worker's generator, stream ``quant``: seed, round, worker): unbiased. B bits a coordinate, ⌈B·d/8⌉ + 4T bytes.
 - chains ``S+V`` (``top-k:0.03+quant:2``, SparseLoCo's codec): the sparsifier S (top-k or
   random-k) picks the coordinates, and its kept values travel through V (``sign``, ``qsgd:S`` or
   ``quant:B``, per tensor over the k_t kept values) instead of as float32: V's bytes for the
@@ -48,10 +48,11 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from .registry import ConfigError, Registry, short
-from .rng import generator
+from .rng import host_stream
 
 CODECS = Registry("compression")
 ERROR_FEEDBACK = "ef-"
@@ -81,11 +82,12 @@ def from_bytes(data: torch.Tensor, dtype: torch.dtype, kind: torch.dtype = torch
     return data.clone(memory_format=torch.contiguous_format).view(kind).to(dtype)
 
 
-def worker_uniforms(seed: int, round: int, rows: range, d: int, dtype: torch.dtype,
+def worker_uniforms(name: str, seed: int, round: int, rows: range, d: int, dtype: torch.dtype,
                     device: torch.device) -> torch.Tensor:
-    """U[0, 1) draws [len(rows), d], row i from worker rows[i]'s generator (seed, round, worker):
-    the same draws whichever process encodes a worker's row."""
-    return torch.stack([torch.rand(d, generator=generator(seed, round, worker), dtype=dtype)
+    """U[0, 1) draws [len(rows), d], row i from worker rows[i]'s generator of stream ``name``
+    (seed, round, worker): the same draws whichever process encodes a worker's row."""
+    kind = np.float64 if dtype == torch.float64 else np.float32
+    return torch.stack([torch.from_numpy(host_stream(name, seed, round, worker).random(d, dtype=kind))
                         for worker in rows]).to(device)
 
 
@@ -103,7 +105,7 @@ def parse_fraction(name: str, param: str | None) -> float:
 @dataclass
 class SignCodec:
     """C(Δ) = (‖Δ‖₁ / numel) · sign(Δ) per tensor; ``numels`` are the sizes of a row's tensors.
-    sign(0) is a fair coin per coordinate, drawn from (seed, round, worker)."""
+    sign(0) is a fair coin per coordinate, drawn from stream ``sign`` (seed, round, worker)."""
 
     numels: list[int]
     seed: int = 0
@@ -117,7 +119,7 @@ class SignCodec:
         """Rows of changes [m, d] of workers ``rows`` → messages uint8 [m, nbytes]: packed signs,
         then float32 scales."""
         scales = torch.stack([part.abs().mean(1) for part in delta.split(self.numels, dim=1)], dim=1)
-        coins = worker_uniforms(self.seed, round, rows, delta.shape[1], torch.float32, delta.device) < 0.5
+        coins = worker_uniforms("sign", self.seed, round, rows, delta.shape[1], torch.float32, delta.device) < 0.5
         positive = (delta > 0) | ((delta == 0) & coins)
         return torch.cat([pack_bits(positive), as_bytes(scales)], dim=1)
 
@@ -182,7 +184,8 @@ class TopK:
 
 @dataclass
 class RandomK:
-    """k_t = ⌈F·d_t⌉ coordinates per tensor, drawn alike by every worker from (seed, round, tensor):
+    """k_t = ⌈F·d_t⌉ coordinates per tensor, drawn alike by every worker from stream ``stream``
+    (seed, round, tensor; SPARTA draws its own):
     only the values travel (float32, or through a chain's codec). Decodes (d_t/k_t)·Δ_S (unbiased) or Δ_S (``contractive``)."""
 
     numels: list[int]
@@ -190,6 +193,7 @@ class RandomK:
     seed: int = 0
     contractive: bool = False
     dtype: torch.dtype = torch.float32
+    stream: str = "random-k"  # the random stream of its coordinates
 
     def __post_init__(self) -> None:
         self.kept = Kept(kept_per_tensor(self.fraction, self.numels))
@@ -201,7 +205,7 @@ class RandomK:
 
     def coordinates(self, round: int, device: torch.device) -> torch.Tensor:
         """The kept coordinates of a row in this round (every worker draws the same)."""
-        picks = [torch.randperm(n, generator=generator(self.seed, round, t))[:k] + offset
+        picks = [torch.from_numpy(host_stream(self.stream, self.seed, round, t).permutation(n)[:k]) + offset
                  for t, (n, k, offset) in enumerate(zip(self.numels, self.ks, _offsets(self.numels)))]
         return torch.cat(picks).to(device)
 
@@ -220,7 +224,7 @@ class RandomK:
 class QSGD:
     """Stochastic quantisation to S levels per tensor (Alistarh et al. 2017): a float32 norm, then
     sign and level of every coordinate in 1 + ⌈log₂(S + 1)⌉ packed bits. Each worker draws its
-    rounding from (seed, round, worker). ``contractive`` decodes Q(Δ)/τ_t, τ_t = 1 + min(d_t/S², √d_t/S)."""
+    rounding from stream ``qsgd`` (seed, round, worker). ``contractive`` decodes Q(Δ)/τ_t, τ_t = 1 + min(d_t/S², √d_t/S)."""
 
     numels: list[int]
     levels: int
@@ -244,7 +248,7 @@ class QSGD:
         m, d = delta.shape
         norms = torch.stack([part.norm(dim=1) for part in delta.split(self.numels, dim=1)], dim=1)
         scaled = delta.abs() * self.levels / _per_coordinate(norms, self.numels).clamp_min(torch.finfo(delta.dtype).tiny)
-        uniform = worker_uniforms(self.seed, round, rows, d, delta.dtype, delta.device)
+        uniform = worker_uniforms("qsgd", self.seed, round, rows, d, delta.dtype, delta.device)
         level = (scaled.floor() + (uniform < scaled - scaled.floor())).clamp_(max=self.levels).to(torch.int64)
         shifts = torch.arange(self.level_bits - 1, -1, -1, device=delta.device)
         bits = torch.cat([(delta < 0).unsqueeze(2), (level.unsqueeze(2) >> shifts) & 1 == 1], dim=2)
@@ -264,8 +268,8 @@ class QSGD:
 @dataclass
 class Quant:
     """B-bit uniform quantisation per tensor (see the module docstring): a float32 scale s_t, then a
-    level ℓ ∈ {−L..L} a coordinate as the B-bit code ℓ + L. Stochastic rounding from (seed, round,
-    worker), unbiased; ``contractive``: rounded to the nearest level."""
+    level ℓ ∈ {−L..L} a coordinate as the B-bit code ℓ + L. Stochastic rounding from stream
+    ``quant`` (seed, round, worker), unbiased; ``contractive``: rounded to the nearest level."""
 
     numels: list[int]
     bits: int
@@ -290,7 +294,7 @@ class Quant:
         if self.contractive:
             level = u.round()
         else:
-            uniform = worker_uniforms(self.seed, round, rows, d, delta.dtype, delta.device)
+            uniform = worker_uniforms("quant", self.seed, round, rows, d, delta.dtype, delta.device)
             level = u.floor() + (uniform < u - u.floor())
         code = level.clamp_(-self.levels, self.levels).to(torch.int64) + self.levels
         shifts = torch.arange(self.bits - 1, -1, -1, device=delta.device)

@@ -31,11 +31,11 @@ import numpy as np
 import torch
 
 from .registry import ConfigError, short
+from .rng import host_stream
 from .topology import Mixing, Topology, keep_living, metropolis_hastings
 
 REJOIN_MODES = ("neighbours", "stale")
 REPAIRS = ("local", "metropolis")
-CHURN_STREAM = 29  # sets the churn draws apart from the other random streams of a seed
 MAX_DOWNTIME = 1e9  # steps; a longer mean stay is a worker gone for good (an event "W@A-")
 _EVENT = re.compile(r"^(\d+)@(\d+)-(\d*)$")
 
@@ -138,7 +138,7 @@ class Faults:
         for w, a, b in self.events:
             gone[w] |= a <= t and (b is None or t < b)
         if self.cfg.churn:
-            rng = np.random.default_rng(np.random.SeedSequence([self.seed, CHURN_STREAM, t]))
+            rng = host_stream("churn", self.seed, t)
             leave = (rng.random(self.n) < self.cfg.churn) & ~gone & (self.back_at <= t)
             stays = rng.geometric(1 / self.cfg.downtime, self.n)
             if (gone | (self.back_at > t) | leave).all():

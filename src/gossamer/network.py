@@ -78,7 +78,7 @@ from .data.partition import steps_per_epoch
 from .engines.ledger import BYTES_PER_VALUE, METRICS, Compute, Transfer
 from .groups import Groups
 from .registry import ConfigError, short
-from .rng import generator, host_generator
+from .rng import host_stream
 
 BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
 HORIZON_ROOM = 1e3  # a run's simulated time must stay finite with this much more communication per step
@@ -293,7 +293,6 @@ def step_flops(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, loss) -
 
 
 SLOW, JITTER = "F@X", "lognormal:"
-JITTER_STREAM = 21  # the key that sets the jitter draws of (seed, t, i) apart from the other streams
 MAX_SIGMA = 10.0  # exp(σz) stays finite in float64 for any z torch.randn draws
 
 
@@ -335,15 +334,15 @@ class Speeds:
         slow = np.ones(cfg.workers)
         if cfg.slow_workers is not None:
             fraction, factor = parse_slow_workers(cfg.slow_workers)
-            chosen = torch.randperm(cfg.workers, generator=generator(cfg.seed, JITTER_STREAM))
-            slow[chosen[: math.ceil(fraction * cfg.workers - 1e-9)].numpy()] = factor
+            chosen = host_stream("slow-workers", cfg.seed).permutation(cfg.workers)
+            slow[chosen[: math.ceil(fraction * cfg.workers - 1e-9)]] = factor
         return cls(slow, parse_jitter(cfg.compute_jitter) if cfg.compute_jitter is not None else None, cfg.seed)
 
     def factor(self, t: int, i: int) -> float:
         """s_i·ε_i(t) of worker i's step (or gradient) t."""
         if self.sigma is None:
             return float(self.slow[i])
-        z = host_generator(self.seed, JITTER_STREAM, t, i).standard_normal()
+        z = host_stream("jitter", self.seed, t, i).standard_normal()
         return float(self.slow[i] * math.exp(self.sigma * z - self.sigma**2 / 2))
 
     def factors(self, t: int) -> np.ndarray:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 from torch.func import functional_call
 
@@ -24,11 +25,12 @@ HVP_CHUNK = 512  # samples per Hessian-vector product pass (memory: one double b
 SAMPLES = 1000  # the default subset: this many training samples, or all of them if fewer
 
 
-def training_subset(n_train: int, samples: int | None, seed: int) -> torch.Tensor:
+def training_subset(n_train: int, samples: int | None, rng: np.random.Generator) -> torch.Tensor:
     """The indices of the training samples the loss is taken over: the first ``samples`` (default
-    :data:`SAMPLES`) of a permutation seeded by ``seed``, the same at every evaluation of a run."""
+    :data:`SAMPLES`) of a permutation drawn from ``rng`` (the run's ``sharpness-subset`` stream: the
+    same at every evaluation of a run)."""
     size = samples or min(SAMPLES, n_train)
-    return torch.randperm(n_train, generator=torch.Generator().manual_seed(seed))[:size]
+    return torch.from_numpy(rng.permutation(n_train)[:size])
 
 
 def top_eigenvalue(hvp: Callable[[torch.Tensor], torch.Tensor], v0: torch.Tensor, iterations: int) -> float:
@@ -73,10 +75,10 @@ def loss_hvp(loss_at: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch
 
 
 def model_sharpness(workers, params: torch.Tensor, buffers: torch.Tensor, inputs: torch.Tensor,
-                    targets: torch.Tensor, iterations: int, seed: int) -> float:
+                    targets: torch.Tensor, iterations: int, rng: np.random.Generator) -> float:
     """λ_max of the Hessian of the workers' loss over (inputs, targets) at the flat parameters
     ``params`` (e.g. x̄) of the worker matrix's template, in eval mode with floating buffers
-    ``buffers``; the start vector is drawn from a generator seeded with ``seed``."""
+    ``buffers``; the start vector is drawn from ``rng``."""
     template = workers.template.eval()
     fixed = {s.name: buffers[s.offset : s.offset + s.numel].view(s.shape) for s in workers.buffer_slots}
 
@@ -84,5 +86,5 @@ def model_sharpness(workers, params: torch.Tensor, buffers: torch.Tensor, inputs
         named = {s.name: x[s.offset : s.offset + s.numel].view(s.shape) for s in workers.param_slots}
         return workers.loss(functional_call(template, {**named, **fixed}, (xb,)), yb)
 
-    v0 = torch.randn(params.shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    v0 = torch.from_numpy(rng.standard_normal(params.shape))
     return top_eigenvalue(loss_hvp(loss_at, params, inputs, targets), v0.to(params), iterations)

@@ -39,6 +39,7 @@ import networkx as nx
 import numpy as np
 
 from .registry import ConfigError, Registry, short
+from .rng import host_stream, stream_seed
 
 _TOL = 1e-12
 _MAX_TRIES = 100
@@ -474,14 +475,15 @@ def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
 
 
 def _first_connected(draw, spec: str, n: int, seed: int, knob: str) -> Mixing:
-    """Metropolis–Hastings weights of the first connected graph draw(seed), draw(seed + 1), ..."""
-    for s in range(seed, seed + _MAX_TRIES):
-        g = draw(s)
+    """Metropolis–Hastings weights of the first connected graph draw(s) of the seeds s of attempts
+    0, 1, ... of the ``graph`` stream."""
+    for attempt in range(_MAX_TRIES):
+        g = draw(stream_seed("graph", seed, attempt))
         if nx.is_connected(g):
             return metropolis_hastings(g, n)
     raise TopologyError(
-        f"topology '{spec}' gave no connected graph for n = {n} in {_MAX_TRIES} seeds "
-        f"from {seed}; use a larger {knob}"
+        f"topology '{spec}' gave no connected graph for n = {n} in {_MAX_TRIES} draws "
+        f"(topology_seed {seed}); use a larger {knob}"
     )
 
 
@@ -626,7 +628,7 @@ class RandomRounds:
 def round_generator(seed: int, t: int) -> np.random.Generator:
     """The random numbers of round t of a random topology: a function of (seed, t) alone, so W_t
     needs neither W_{t−1} nor any state — every process draws it alike, and a resumed run too."""
-    return np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64, int(t)]))
+    return host_stream("topology-round", seed, t)
 
 
 SAMPLE_ROUNDS = 32  # the rounds of a random topology kept as its sample (the analysis: empirical gap, ...)

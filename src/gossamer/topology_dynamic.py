@@ -36,6 +36,7 @@ import networkx as nx
 import numpy as np
 
 from .registry import short
+from .rng import host_stream
 from .topology import (
     TOPOLOGIES,
     Mixing,
@@ -159,7 +160,7 @@ def _equistatic(n: int, arg: str | None, seed: int) -> Mixing:
     m = _equistatic_m(n, arg)
     if n == 1:
         return identity(1)
-    shifts = np.random.default_rng(np.random.SeedSequence([int(seed) % 2**64])).integers(1, n, size=m)
+    shifts = host_stream("equistatic", seed).integers(1, n, size=m)
     offsets = [0, *[int(u) for u in shifts], *[int(-u % n) for u in shifts]]
     share = (n - 1) / (2 * n * m)
     return circulant(n, offsets, [1.0 / n] + [share] * (2 * m))

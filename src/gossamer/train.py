@@ -33,7 +33,7 @@ from .faults import Faults
 from .models import Footprint, build_model, footprint, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
-from .rng import generator
+from .rng import host_stream
 from .sharpness import HVP_CHUNK, model_sharpness, training_subset
 from .sharpness import SAMPLES as SHARPNESS_SAMPLES
 from .tasks import TASKS, Task
@@ -131,7 +131,7 @@ class Batches:
             idx = self.epoch(int(counts) // S)[int(counts) % S]
         else:
             idx = torch.stack([self.epoch(int(k) // S)[int(k) % S, i] for i, k in enumerate(counts)])
-        return self.run.data.train_batch(idx, self.run.engine.rows, seed=_batch_seed(self.run.cfg.seed, draw))
+        return self.run.data.train_batch(idx, self.run.engine.rows, host_stream("augment", self.run.cfg.seed, draw))
 
 
 def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = None,
@@ -313,10 +313,10 @@ def recompute_batches(run: Run, t: int) -> list[torch.Tensor]:
     cfg, data = run.cfg, run.data
     n, b = cfg.workers, cfg.batch_size
     count = min(RECOMPUTE_BATCHES, len(data.y_train) // (n * b))
-    seed = _batch_seed(cfg.seed, t)
-    perm = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(seed))
+    perm = torch.from_numpy(host_stream("recompute", cfg.seed, t).permutation(len(data.y_train)))
     idx = perm[: count * n * b].view(count, n, b).to(data.y_train.device)
-    return [data.train_batch(idx[k], range(n), seed=seed + k + 1)[0].flatten(0, 1) for k in range(count)]
+    return [data.train_batch(idx[k], range(n), host_stream("recompute-augment", cfg.seed, t, k))[0].flatten(0, 1)
+            for k in range(count)]
 
 
 def averaged_model(run: Run, t: int) -> torch.nn.Module:
@@ -331,15 +331,12 @@ def averaged_model(run: Run, t: int) -> torch.nn.Module:
     return model
 
 
-EVAL_LOCAL_STREAM = 23  # the key that sets the draw of eval_local's workers apart from the other streams
-
-
 def local_eval_workers(cfg: Config) -> list[int]:
     """The workers whose local models ``eval_local`` evaluates: all, none, or K drawn once from
     the seed (the same K at every evaluation, on every engine)."""
     if cfg.eval_local in ("all", "none"):
         return list(range(cfg.workers)) if cfg.eval_local == "all" else []
-    return sorted(torch.randperm(cfg.workers, generator=generator(cfg.seed, EVAL_LOCAL_STREAM))[: cfg.eval_local].tolist())
+    return sorted(host_stream("eval-local", cfg.seed).permutation(cfg.workers)[: cfg.eval_local].tolist())
 
 
 def evaluate(run: Run, t: int) -> dict[str, float]:
@@ -355,9 +352,10 @@ def evaluate(run: Run, t: int) -> dict[str, float]:
         validation = run.task.evaluate(model, d.x_val, d.y_val)
     if cfg.sharpness:  # before the local models rebind the template
         x_bar, b_bar = flatten(model)
-        subset = training_subset(len(d.y_train), cfg.sharpness_samples, cfg.seed).to(d.y_train.device)
-        sharpness = model_sharpness(w, x_bar, b_bar, d.x_train[subset], d.y_train[subset], cfg.sharpness_iterations,
-                                    seed=_batch_seed(cfg.seed, t + 1))  # the start vector: by the steps done
+        subset = training_subset(len(d.y_train), cfg.sharpness_samples, host_stream("sharpness-subset", cfg.seed))
+        sharpness = model_sharpness(w, x_bar, b_bar, d.x_train[subset.to(d.y_train.device)],
+                                    d.y_train[subset.to(d.y_train.device)], cfg.sharpness_iterations,
+                                    host_stream("sharpness-start", cfg.seed, t + 1))  # its start vector: by the step
     chosen = local_eval_workers(cfg)
     if chosen:
         rows = [i - e.rows.start for i in chosen if i in e.rows]
@@ -541,11 +539,6 @@ def _time_summary(run: Run, state: Progress) -> dict:
     if run.engine.timed:
         out.update(comm_seconds=state.comm_seconds, comm_metrics_seconds=state.comm_metrics_seconds)
     return out
-
-
-def _batch_seed(seed: int, t: int) -> int:
-    """The seed of step t's augmentation draws (distinct per run seed and step)."""
-    return seed * 1_000_003 + t
 
 
 def _check_finite(w: WorkerMatrix, e: Engine, t: int) -> None:

@@ -32,6 +32,7 @@ from gossamer.data.partition import iid_epoch_indices, steps_per_epoch
 from gossamer.integrations import DiLoCo, Gossip, LocalSGD
 from gossamer.models import build_model
 from gossamer.registry import ConfigError
+from gossamer.rng import host_stream
 from gossamer.train import lr_at
 
 SYNCHRONIZERS = {"LocalSGD": LocalSGD, "Gossip": Gossip, "DiLoCo": DiLoCo}
@@ -60,7 +61,7 @@ def train(cfg, data, model, optimizer, steps: range, rank: int) -> None:
     for t in steps:
         epoch, s = divmod(t, S)
         idx = iid_epoch_indices(len(data.y_train), cfg.workers, cfg.batch_size, epoch, cfg.seed)
-        x, y = data.train_batch(idx[s], range(rank, rank + 1), seed=t)
+        x, y = data.train_batch(idx[s], range(rank, rank + 1), host_stream("augment", cfg.seed, t))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(cfg, t, S)
         optimizer.zero_grad()

@@ -37,13 +37,10 @@ import torch
 
 from ..engines.ledger import BYTES_PER_VALUE
 from ..registry import ConfigError
-from ..rng import host_generator
+from ..rng import host_stream
 from ..topology import Mixing, Topology
 from .gossip import GraphOptions, build_graph
 from .schedule import ALGORITHMS, Context, Schedule, StepIO, Stepped, begin_step
-
-NEIGHBOUR_STREAM = 18  # the key that sets the neighbour draws of (seed, k, i) apart
-
 
 @dataclass
 class Timing:
@@ -97,14 +94,15 @@ class ADPSGD(Schedule):
         self.count, self.ready = [0] * n, [False] * n
 
     def neighbour(self, i: int, k: int) -> int | None:
-        """j drawn uniformly from i's neighbours in W_k (None: none in that round)."""
+        """j drawn uniformly from i's neighbours in W_k (None: none in that round), from stream
+        ``ad-psgd-neighbour`` (seed, k, i)."""
         mixing = self.topology.mixing(k)
         peers = mixing.plan(("neighbours", i), lambda: sorted({int(j) for j, w in zip(mixing.index[:, i],
                                                                                      mixing.weight[:, i])
                                                                if w != 0 and j != i}))
         if not peers:
             return None
-        return peers[host_generator(self.seed, NEIGHBOUR_STREAM, k, i).integers(len(peers))]
+        return peers[host_stream("ad-psgd-neighbour", self.seed, k, i).integers(len(peers))]
 
     def step(self, io: StepIO) -> Stepped:
         """The next n events, each a step of one worker (module docstring)."""

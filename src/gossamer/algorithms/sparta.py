@@ -14,8 +14,8 @@ from .schedule import ALGORITHMS, Context, Schedule, Step
 @dataclass
 class Sparta(Schedule):
     """SPARTA: after step t, x_i[S_t] ← (1/n) Σ_j x_j[S_t] for every worker i, S_t the ⌈p·d_k⌉
-    coordinates of each parameter tensor k that every worker draws alike from (seed, t) — the
-    indices are never sent: one all-reduce of |S_t| values a step. ``shared_state`` (buffers) is
+    coordinates of each parameter tensor k that every worker draws alike from (seed, t) (stream
+    ``sparta``) — the indices are never sent: one all-reduce of |S_t| values a step. ``shared_state`` (buffers) is
     averaged whole at every step."""
 
     picks: RandomK  # draws S_t (its coordinates; nothing is encoded)
@@ -46,4 +46,4 @@ class SpartaOptions:
 @ALGORITHMS.register("sparta", options=SpartaOptions, example=("sparta_fraction=0.05",),
                      help="SPARTA: after every step, average a random fraction p of the coordinates (shared seed)")
 def _sparta(cfg, ctx: Context) -> Sparta:
-    return Sparta(RandomK(ctx.numels, cfg.sparta_fraction, cfg.seed), ctx.buffer_rows)
+    return Sparta(RandomK(ctx.numels, cfg.sparta_fraction, cfg.seed, stream="sparta"), ctx.buffer_rows)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..registry import Registry
@@ -24,10 +25,10 @@ class Dataset:
     """Train/test tensors (inputs [N, ...], targets [N] or [N, T]) and what to learn from them.
 
     ``num_classes`` is the model's output size (classes, or the vocabulary of a language model);
-    ``task`` names a :data:`gossamer.tasks.TASKS` entry. ``augment(x, rows, n, generator)``, when
-    set, is the training augmentation of the batches x [m, b, ...] of workers ``rows`` (of n),
-    drawn per worker and per sample on x's device, the same for a worker whichever engine holds
-    it (never applied to the test set). ``resolved`` holds option values the data set derived
+    ``task`` names a :data:`gossamer.tasks.TASKS` entry. ``augment(x, rows, n, rng)``, when set,
+    is the training augmentation of the batches x [m, b, ...] of workers ``rows`` (of n), drawn per
+    worker and per sample from the numpy generator ``rng`` (the same draws for a worker whichever
+    engine holds it; on the host, copied to x's device), never applied to the test set. ``resolved`` holds option values the data set derived
     (a text's vocabulary), which the run's config records. ``x_val``, ``y_val``: a validation
     split held out of the training set (:meth:`hold_out`), or None.
     """
@@ -38,7 +39,7 @@ class Dataset:
     y_test: torch.Tensor
     num_classes: int
     task: str = "classification"
-    augment: Callable[[torch.Tensor, range, int, torch.Generator], torch.Tensor] | None = None
+    augment: Callable[[torch.Tensor, range, int, np.random.Generator], torch.Tensor] | None = None
     resolved: dict = field(default_factory=dict)
     x_val: torch.Tensor | None = None
     y_val: torch.Tensor | None = None
@@ -62,14 +63,14 @@ class Dataset:
         return replace(self, x_train=self.x_train[kept], y_train=self.y_train[kept],
                        x_val=self.x_train[held], y_val=self.y_train[held])
 
-    def train_batch(self, idx: torch.Tensor, rows: range, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def train_batch(self, idx: torch.Tensor, rows: range, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Inputs and targets of workers ``rows``, whose batches are ``idx[rows]`` (``idx``: every
-        worker's sample indices [n, b]); augmented deterministically in ``seed`` if the data set
-        augments."""
+        worker's sample indices [n, b]); augmented with the draws of ``rng`` (the step's stream) if
+        the data set augments."""
         local = idx[rows.start : rows.stop]
         x = self.x_train[local]
         if self.augment is not None:
-            x = self.augment(x, rows, idx.shape[0], torch.Generator(device=x.device).manual_seed(seed))
+            x = self.augment(x, rows, idx.shape[0], rng)
         return x, self.y_train[local]
 
 

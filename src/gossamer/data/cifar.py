@@ -112,11 +112,12 @@ class CropFlip:
     fill: tuple[float, ...]
     padding: int = 4
 
-    def __call__(self, x: torch.Tensor, rows: range, n: int, generator: torch.Generator) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, rows: range, n: int, rng: np.random.Generator) -> torch.Tensor:
         m, b, C, H, W = x.shape
         p, device = self.padding, x.device
-        offsets = torch.randint(0, 2 * p + 1, (n, b, 2), generator=generator, device=device)[rows.start : rows.stop]
-        flips = torch.randint(0, 2, (n, b, 1), generator=generator, device=device)[rows.start : rows.stop].bool()
+        mine = slice(rows.start, rows.stop)
+        offsets = torch.from_numpy(rng.integers(0, 2 * p + 1, (n, b, 2))[mine]).to(device)
+        flips = torch.from_numpy(rng.integers(0, 2, (n, b, 1))[mine].astype(bool)).to(device)
         N = m * b
         padded = _channel_values(self.fill, device, x.dtype).expand(N, C, H + 2 * p, W + 2 * p).clone()
         padded[:, :, p : p + H, p : p + W] = x.reshape(N, C, H, W)

@@ -10,10 +10,9 @@ import numpy as np
 import torch
 
 from ..registry import ConfigError
-from ..rng import generator
+from ..rng import epoch_generator, host_stream
 
 _MAX_DRAWS = 100
-VALIDATION_STREAM = 29  # the key that sets the draw of the validation split apart from the other streams
 
 
 def steps_per_epoch(num_train: int, n: int, batch_size: int) -> int:
@@ -38,7 +37,7 @@ def validation_split(num_train: int, fraction: float, seed: int, n: int, batch_s
         what = "holds out no sample" if held == 0 else f"leaves {kept} samples, {kept // n} per worker"
         raise ConfigError(f"validation_fraction={fraction} of the {num_train} training samples {what}; "
                           f"{n} workers need at least batch_size={batch_size} each")
-    perm = torch.randperm(num_train, generator=generator(seed, VALIDATION_STREAM))
+    perm = torch.from_numpy(host_stream("validation", seed).permutation(num_train))
     return perm[held:].sort().values, perm[:held].sort().values
 
 
@@ -46,7 +45,7 @@ def iid_epoch_indices(num_train: int, n: int, batch_size: int, epoch: int, seed:
     """Disjoint i.i.d. shards, redrawn every epoch, cut into consecutive batches: int64 [steps, n, batch_size]."""
     steps = steps_per_epoch(num_train, n, batch_size)
     shard = num_train // n
-    perm = torch.randperm(num_train, generator=generator(seed, epoch))
+    perm = torch.randperm(num_train, generator=epoch_generator(seed, epoch))
     per_worker = perm[: n * shard].view(n, shard)[:, : steps * batch_size]
     return per_worker.reshape(n, steps, batch_size).transpose(0, 1).contiguous()
 
@@ -64,11 +63,12 @@ def _dirichlet_split(labels: np.ndarray, n: int, alpha: float, rng: np.random.Ge
 def dirichlet_shards(labels: torch.Tensor, n: int, alpha: float, seed: int, min_size: int) -> list[torch.Tensor]:
     """Fixed non-i.i.d. shards: each class is split among workers with proportions ~ Dirichlet(alpha).
 
-    Redraws (seeds seed, seed+1, ...) up to 100 times until every shard has >= min_size samples.
+    Redraws (attempts 0, 1, ... of the ``dirichlet`` stream) up to 100 times until every shard has
+    >= min_size samples.
     """
     y = labels.cpu().numpy()
     for attempt in range(_MAX_DRAWS):
-        parts = _dirichlet_split(y, n, alpha, np.random.default_rng(seed + attempt))
+        parts = _dirichlet_split(y, n, alpha, host_stream("dirichlet", seed, attempt))
         if min(len(p) for p in parts) >= min_size:
             return [torch.as_tensor(p, dtype=torch.int64) for p in parts]
     raise ConfigError(
@@ -84,7 +84,7 @@ def shard_epoch_indices(shards: list[torch.Tensor], steps: int, batch_size: int,
     for i, shard in enumerate(shards):
         if len(shard) == 0:
             raise ValueError(f"worker {i} has an empty shard")
-        perm = shard[torch.randperm(len(shard), generator=generator(seed, epoch, i))]
+        perm = shard[torch.from_numpy(host_stream("shard-shuffle", seed, epoch, i).permutation(len(shard)))]
         reps = -(-need // len(perm))
         rows.append(perm.repeat(reps)[:need])
     return torch.stack(rows).view(len(shards), steps, batch_size).transpose(0, 1).contiguous()
