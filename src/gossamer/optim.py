@@ -38,6 +38,8 @@ class RowOptimizer:
         if rows is None or len(rows) == X.shape[0]:
             self._update(X, G, lr, self.rows, None)
             return
+        if len(rows) == 0:
+            return
         index = torch.as_tensor(rows, device=X.device)
         state = {name: value.index_select(0, index) for name, value in self.rows.items()}
         x = X.index_select(0, index)

@@ -405,13 +405,14 @@ def train_step(run: Run, progress: Progress, batches: Batches, t: int, lr: float
     progress.grad_norm_sq_ema = stepped.grad_norm_sq_ema
     if not measure:
         return stepped.metrics
-    loss = e.mean_scalar(stepped.losses, over=stepped.computed)
-    if not math.isfinite(loss):
-        raise Diverged(f"training diverged: loss is {loss} at step {t + 1} (epoch {(t + 1) / run.steps_per_epoch:g}, "
-                       f"lr {lr:g})")
+    row = {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr}
+    if stepped.computed != []:  # some worker has a training loss (a sporadic step may have none)
+        row["loss"] = e.mean_scalar(stepped.losses, over=stepped.computed)
+        if not math.isfinite(row["loss"]):
+            raise Diverged(f"training diverged: loss is {row['loss']} at step {t + 1} (epoch "
+                           f"{(t + 1) / run.steps_per_epoch:g}, lr {lr:g})")
     step = stepped.step
-    return {"step": t + 1, "epoch": round((t + 1) / run.steps_per_epoch, 6), "lr": lr, "loss": loss,
-            "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
+    return {**row, "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
             "bytes_per_worker": e.comm.bytes_per_worker,
             "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **stepped.metrics}
 

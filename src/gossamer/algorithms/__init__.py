@@ -14,7 +14,8 @@ config, the summary and the hooks use.
 - :mod:`.asynchronous`: ``ad-psgd`` (Lian et al.), event-driven on the per-worker clocks.
 """
 
-from . import asynchronous, demo, diloco, gossip, local, peer, sparta  # noqa: F401  (each registers its algorithms)
+# each module registers its algorithms
+from . import asynchronous, demo, diloco, gossip, local, peer, sparta  # noqa: F401
 from .schedule import (ALGORITHMS, Context, Phases, Schedule, Step, StepIO, Stepped, begin_step, build_schedule,
                        graph_of)
 
