@@ -11,11 +11,12 @@ config, the summary and the hooks use.
 - :mod:`.diloco`: ``diloco`` (compressed, streaming, NoLoCo's outer topology);
 - :mod:`.sparta`: ``sparta``;
 - :mod:`.demo`: ``decoupled-momentum`` (DeMo);
-- :mod:`.asynchronous`: ``ad-psgd`` (Lian et al.), event-driven on the per-worker clocks.
+- :mod:`.asynchronous`: ``ad-psgd`` (Lian et al.), event-driven on the per-worker clocks;
+- :mod:`.moshpit`: ``moshpit`` (Ryabinin et al.), exact means within the lines of a grid.
 """
 
 # each module registers its algorithms
-from . import asynchronous, demo, diloco, gossip, local, peer, sparta  # noqa: F401
+from . import asynchronous, demo, diloco, gossip, local, moshpit, peer, sparta  # noqa: F401
 from .schedule import (ALGORITHMS, Context, Phases, Schedule, Step, StepIO, Stepped, begin_step, build_schedule,
                        graph_of)
 
