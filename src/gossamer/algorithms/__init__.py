@@ -12,11 +12,12 @@ config, the summary and the hooks use.
 - :mod:`.sparta`: ``sparta``;
 - :mod:`.demo`: ``decoupled-momentum`` (DeMo);
 - :mod:`.asynchronous`: ``ad-psgd`` (Lian et al.), event-driven on the per-worker clocks;
-- :mod:`.moshpit`: ``moshpit`` (Ryabinin et al.), exact means within the lines of a grid.
+- :mod:`.moshpit`: ``moshpit`` (Ryabinin et al.), exact means within the lines of a grid;
+- :mod:`.dspodfl`: ``dspodfl`` (Zehtabi et al.), sporadic computation and sporadic links.
 """
 
 # each module registers its algorithms
-from . import asynchronous, demo, diloco, gossip, local, moshpit, peer, sparta  # noqa: F401
+from . import asynchronous, demo, diloco, dspodfl, gossip, local, moshpit, peer, sparta  # noqa: F401
 from .schedule import (ALGORITHMS, Context, Phases, Schedule, Step, StepIO, Stepped, begin_step, build_schedule,
                        graph_of)
 
