@@ -126,5 +126,10 @@ class DSpodFLOptions(GraphOptions):
                      help="DSpodFL: D-SGD where a worker computes with probability p and a link is used with "
                           "probability q each step (Zehtabi et al. 2024)")
 def _dspodfl(cfg, ctx: Context) -> DSpodFL:
+    topology = build_graph(cfg)
+    if cfg.dspodfl_edge < 1 and any(abs(m.sparse() - m.sparse().T).max() > 1e-12 for m in topology.mixings):
+        raise ConfigError(f"dspodfl_edge < 1 uses a link for both ends or for neither: topology '{cfg.topology[:100]}' "
+                          f"has rounds in which a worker reads one that does not read it; use an undirected graph "
+                          f"(ring, torus, exponential, random-matching, ...)")
     losses = torch.zeros(ctx.X.shape[0], dtype=ctx.X.dtype, device=ctx.X.device)
-    return DSpodFL(build_graph(cfg), cfg.dspodfl_compute, cfg.dspodfl_edge, cfg.seed, losses, shared_rows(cfg, ctx))
+    return DSpodFL(topology, cfg.dspodfl_compute, cfg.dspodfl_edge, cfg.seed, losses, shared_rows(cfg, ctx))
