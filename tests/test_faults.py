@@ -11,7 +11,7 @@ from test_resume import through_bytes, untimed
 from gossamer.config import ConfigError, load_config
 from gossamer.engines.sim import SimEngine
 from gossamer.faults import Faults, FaultsConfig, repair
-from gossamer.topology import build_topology
+from gossamer.topology import build_topology, keep_living
 from gossamer.algorithms import graph_of
 from gossamer.train import _state_rows, build_run, train
 
@@ -37,8 +37,46 @@ def test_quorum_average_is_the_plain_mean_of_the_living_rows():
 
 
 @pytest.mark.parametrize("spec", ["ring", "exponential", "torus", "one-peer-exponential", "random-matching",
+                                  "epidemic:2", "equistatic"])
+def test_local_repair_drops_only_the_gone_workers_links(spec):
+    """A row that never read a gone worker is unchanged, a round keeps its links among the living,
+    every row still sums to 1; a symmetric W stays doubly stochastic and keeps the living mean."""
+    topology, rng = build_topology(spec, 16, seed=1), np.random.default_rng(0)
+    X = np.random.default_rng(1).standard_normal((16, 3))
+    for t in range(4):
+        alive = rng.random(16) < 0.6
+        W0 = topology.mixing(t).dense()
+        W = keep_living(topology.mixing(t), alive).dense()
+        np.testing.assert_allclose(W.sum(1), 1, atol=1e-12)
+        np.testing.assert_array_equal(W[~alive], np.eye(16)[~alive])  # a gone worker's row: itself
+        assert (W[np.ix_(alive, ~alive)] == 0).all()
+        untouched = alive & (W0[:, ~alive] == 0).all(1)
+        np.testing.assert_array_equal(W[untouched], W0[untouched])
+        links = (W0 != 0) & ~np.eye(16, dtype=bool)
+        np.testing.assert_array_equal((W != 0) & ~np.eye(16, dtype=bool), links & np.outer(alive, alive))
+        if np.allclose(W0, W0.T):
+            np.testing.assert_allclose(W.sum(0), 1, atol=1e-12)
+            np.testing.assert_allclose((W @ X)[alive].mean(0), X[alive].mean(0), atol=1e-12)
+
+
+def test_a_one_peer_round_stays_one_peer_and_metropolis_reweights_what_never_read_the_gone():
+    alive = np.ones(16, dtype=bool)
+    alive[5] = False
+    one_peer = build_topology("one-peer-exponential", 16).mixing(1)
+    assert keep_living(one_peer, alive).messages_per_worker < one_peer.messages_per_worker  # the links to 5 gone
+    assert repair(one_peer, alive, per_round=True).messages_per_worker == pytest.approx(
+        1.75 * one_peer.messages_per_worker, rel=0.05)  # Metropolis–Hastings on the round's induced graph: +75 %
+    equistatic = build_topology("equistatic", 16, seed=0).mixing(0)
+    W0 = equistatic.dense()
+    never = alive & (W0[:, 5] == 0)
+    changed = (repair(equistatic, alive, per_round=False).dense()[never] != W0[never]).any(1)
+    assert never.sum() > 5 and changed.all()  # every living row that never read worker 5
+    np.testing.assert_array_equal(keep_living(equistatic, alive).dense()[never], W0[never])
+
+
+@pytest.mark.parametrize("spec", ["ring", "exponential", "torus", "one-peer-exponential", "random-matching",
                                   "epidemic:2"])
-def test_the_repaired_matrix_is_doubly_stochastic_and_keeps_the_living_mean(spec):
+def test_the_metropolis_repair_is_doubly_stochastic_and_keeps_the_living_mean(spec):
     topology, rng = build_topology(spec, 16, seed=1), np.random.default_rng(0)
     X = np.random.default_rng(1).standard_normal((16, 3))
     for t in range(4):
