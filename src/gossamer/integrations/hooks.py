@@ -41,7 +41,7 @@ from ..algorithms import Context, begin_step, build_schedule
 from ..algorithms.gossip import gossip_state, local_estimate
 from ..config import from_dict
 from ..engines.base import Engine
-from ..engines.dist import DistEngine, env_world_size, retain
+from ..engines.dist import DistEngine, env_world_size, release_works, retain
 from ..engines.ledger import Ledger
 from ..registry import ConfigError
 from ..workers import bind_row, float_buffers, layout
@@ -134,7 +134,9 @@ class Synchronizer:
 
     def _before_step(self, optimizer, args, kwargs):
         """The step pre-hook: the gradient stage now, or — when the step gets a closure that computes
-        the gradients (PyTorch Lightning, LBFGS) — right after that closure."""
+        the gradients (PyTorch Lightning, LBFGS) — right after that closure. The last step's finished
+        collectives are freed first (a local step calls no collective that would free them)."""
+        release_works()
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)  # args: (optimizer, closure?)
         if closure is None:
             self._gradient_stage(optimizer)
