@@ -76,7 +76,7 @@ def worker(spec_file: str) -> None:
     run, states = build_run(cfg, data=data), []
     summary = train(cfg, run, on_checkpoint=states.append)
     if run.engine.is_root:
-        summary["root_idle_seconds"] = states[-1]["progress"]["worker_idle_seconds"][0]
+        summary["root_idle_seconds"] = states[-1]["clock"]["idle"][0]
         Path(spec["out"]).write_text(json.dumps(summary))
     run.engine.close()
 

@@ -38,6 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
@@ -111,10 +112,11 @@ def sim_step(run: Run, measure: bool = False):
     """One training step of every worker (gradients, local Nesterov SGD and the schedule)."""
     x, y = _batch(run.cfg.model, run.cfg.workers, run.cfg.batch_size)
     progress, t = Progress(), [0]
+    batches = SimpleNamespace(of=lambda counts, draw: (x, y))  # every step: the benchmark's one batch
     run.schedule.start(run.engine, run.workers.X)
 
     def step():
-        train_step(run, progress, x, y, t[0], 0.01, measure)
+        train_step(run, progress, batches, t[0], 0.01, measure, computes=None)
         t[0] += 1
     step.run = run
     return step

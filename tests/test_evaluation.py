@@ -1,7 +1,6 @@
 """Evaluation of the local models: ``eval_local`` (all, none, or K drawn once from the seed)."""
 
 import pytest
-import torch
 
 from conftest import train_rows
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
 
 import numpy as np
