@@ -386,8 +386,10 @@ def faults(scale: str, quick: bool) -> Suite:
     """Workers that fail and return (issue 22): All-Reduce, D-SGD on a ring and on the exponential
     graph at n = 32, with no faults, 4 workers (spread over the ring) gone for the middle third of
     training, and churn (each step every living worker leaves with probability P = 0.002 for a
-    geometric D = 50 steps), each with ``rejoin: neighbours`` and ``stale``. Every variant is
-    compared with the same algorithm without faults. CPU scale only (no paper-scale workload is defined)."""
+    geometric D = 50 steps), each with ``rejoin: neighbours`` and ``stale``; on the graphs, the
+    ``neighbours`` settings also with ``repair: metropolis`` (the default is ``local``: how much of a
+    fault's effect is the repair rule's). Every variant is compared with the same algorithm without
+    faults. CPU scale only (no paper-scale workload is defined)."""
     if scale == "paper":
         raise ConfigError("repro faults runs at --scale cpu only (it has no paper configuration)")
     n, epochs = (8, 4) if quick else (32, 40)
@@ -401,10 +403,14 @@ def faults(scale: str, quick: bool) -> Suite:
                 *[(f"4 lost mid-run, rejoin {r}", [f"faults.events={events}", f"faults.rejoin={r}"])
                   for r in ("neighbours", "stale")],
                 *[(f"churn, rejoin {r}", [*churn, f"faults.rejoin={r}"]) for r in ("neighbours", "stale")]]
+    metropolis = [(f"{setting}, repair metropolis", [*fault, "faults.repair=metropolis"])
+                  for setting, fault in settings if setting.endswith("neighbours")]
     algorithms = [("All-Reduce", ["algorithm=allreduce"]), ("ring", ["algorithm=gossip", "topology=ring"]),
                   ("exponential", ["algorithm=gossip", "topology=exponential"])]
     for label, overrides in algorithms[1:2] if quick else algorithms:  # quick: the ring only
-        runs = [Variant(f"{label}, {setting}", [*overrides, *fault], n) for setting, fault in settings]
+        graph = label != "All-Reduce"
+        runs = [Variant(f"{label}, {setting}", [*overrides, *fault], n)
+                for setting, fault in settings + (metropolis if graph else [])]
         suite.variants += _against(runs[0], runs[1:])
     suite.report = lambda suite, configs, out, seeds: _faults_report(suite, configs, out, seeds, window, steps)
     return suite
