@@ -6,6 +6,7 @@ its example does not reach (FEATURES). The resume, dist-parity and hot-path test
 from here, so a new registration is covered without editing them.
 """
 
+import functools
 from pathlib import Path
 
 from gossamer.algorithms import ALGORITHMS
@@ -85,8 +86,13 @@ def codecs() -> list[str]:
 
 
 def _valid(overrides: list[str]) -> bool:
+    return _accepted(tuple(overrides))
+
+
+@functools.cache
+def _accepted(overrides: tuple[str, ...]) -> bool:
     try:
-        load_config(None, SHORT + overrides)
+        load_config(None, [*SHORT, *overrides])
     except ConfigError:
         return False
     return True
@@ -94,7 +100,13 @@ def _valid(overrides: list[str]) -> bool:
 
 def combinations(optimizers: bool = True) -> dict[str, list[str]]:
     """{name: overrides} for every algorithm × optimizer (or SGD alone) and every compressing
-    algorithm × codec with SGD, that the config accepts together."""
+    algorithm × codec with SGD, that the config accepts together (a new dict each call; the config
+    checks behind it are made once a session)."""
+    return {name: list(o) for name, o in _combinations(optimizers).items()}
+
+
+@functools.cache
+def _combinations(optimizers: bool) -> dict[str, list[str]]:
     cases = {}
     for algorithm in ALGORITHMS.entries.values():
         compresses = "compression" in algorithm.keys
@@ -111,6 +123,24 @@ def combinations(optimizers: bool = True) -> dict[str, list[str]]:
 def all_cases(optimizers: bool = True) -> dict[str, list[str]]:
     """The registry combinations and the FEATURES."""
     return {**combinations(optimizers), **FEATURES}
+
+
+def covering(optimizers: bool = True) -> dict[str, list[str]]:
+    """Every algorithm × optimizer uncompressed, and every codec once, each with the next
+    compressing algorithm in turn that takes it: a codec's state (residuals, references) and draws
+    are the same whichever algorithm sends it, so the tests that cost a run per case take this
+    instead of the whole product (the snapshot and the dist launches take their own)."""
+    cases = combinations(optimizers)
+    chosen = {name: o for name, o in cases.items() if name.split("-none-")[0] in ALGORITHMS}
+    compressing = [e.name for e in ALGORITHMS.entries.values() if "compression" in e.keys]
+    turn = 0
+    for codec in codecs()[1:]:
+        for k in range(len(compressing)):
+            name = f"{compressing[(turn + k) % len(compressing)]}-{codec}-sgd"
+            if name in cases:
+                chosen[name], turn = cases[name], (turn + k + 1) % len(compressing)
+                break
+    return chosen
 
 
 def representatives(first_codec: int = 0, features: tuple[str, ...] = ("gossip-ring", "gossip-frequency",
@@ -146,9 +176,15 @@ def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
     return {name: o for name, o in cases.items() if _valid([*o, "engine=dist"])}
 
 
+# on 4 processes, the algorithms whose traffic changes when every neighbour, group or block member
+# is in another process (the all-reduce family, SPARTA's and DeMo's collectives are the same calls
+# on 2): gossip, peers, blocks across processes, grid lines, dropped links, DiLoCo
+ONE_PER_PROCESS = ("allreduce", "gossip", "choco", "sgp", "gradient-tracking", "hierarchical", "diloco", "moshpit",
+                   "dspodfl")
 DIST_CASES = {2: on_dist(representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES))),
-              4: {**on_dist(representatives(features=("gossip-ring", "gossip-frequency", "simulated-time",
-                                                      "hierarchical-faults"))), **ROUND_TOPOLOGY_CASES}}
+              4: {**{name: o for name, o in on_dist(representatives(features=(
+                  "gossip-ring", "gossip-frequency", "simulated-time", "hierarchical-faults"))).items()
+                  if name in FEATURES or name.rsplit("-", 2)[0] in ONE_PER_PROCESS}, **ROUND_TOPOLOGY_CASES}}
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"

@@ -1,5 +1,7 @@
 """Every script in examples/ runs as its docstring says (2 gloo processes with torchrun's
-environment, or Lightning starting its own 2), on tiny data, and does what it claims."""
+environment, or Lightning starting its own 2), on tiny data, and does what it claims. System tests
+(`-m system`): .ci/run runs them after the 3-minute suite, whose hook tests cover the same
+synchronisers in threads and in the 4-process launch."""
 
 import csv
 import json
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 from launch import finish, spawn
 
-pytestmark = pytest.mark.slow  # every test launches processes
+pytestmark = [pytest.mark.slow, pytest.mark.system]  # every test launches processes
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -60,9 +62,8 @@ def test_diloco_with_a_user_outer_optimizer(tmp_path):
 def test_hugging_face_trainer_with_diloco_on_two_processes(tmp_path):
     """transformers.Trainer (DDP, a tiny GPT-2 from a config) with DiLoCo attached by a callback:
     DDP keeps the gradients local between the outer steps (Ξ² > 0), every H = 5 optimizer steps
-    an outer step (4 in 20), Ξ² = 0 after the last, and the loss falls. Needs the [hf] extra, which
-    the 3-minute suite leaves out (with transformers installed, Lightning's import takes 3 s more):
-    .ci/run installs it after the suite and runs this test."""
+    an outer step (4 in 20), Ξ² = 0 after the last, and the loss falls. Needs the [hf] extra:
+    .ci/run installs it after the suite and runs the system tests."""
     pytest.importorskip("transformers", reason="the [hf] extra: pip install 'gossamer[hf]'")
     result = run_example("hf_trainer_diloco.py", "--steps", "20", "--local-steps", "5", "--out", str(tmp_path / "hf"),
                          cwd=tmp_path)

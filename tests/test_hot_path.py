@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from cases import SHORT, all_cases
+from cases import FEATURES, SHORT, covering
 
 from conftest import write_cifar
 from gossamer.config import load_config
@@ -35,9 +35,9 @@ def _steps(run, forbid, steps: int = 3):
         train_step(run, progress, batches, t, lr=0.05, measure=False, computes=None)
 
 
-# every case of tests/cases.py but consensus control, which decides from Ξ (or Θ, φ²) at every
-# step: a host read by design
-HOST_FREE = {name: o for name, o in all_cases().items() if not any(k.startswith("consensus.") for k in o)}
+# every case of tests/cases.py's covering but consensus control, which decides from Ξ (or Θ, φ²) at
+# every step: a host read by design
+HOST_FREE = {name: o for name, o in {**covering(), **FEATURES}.items() if not any(k.startswith("consensus.") for k in o)}
 
 
 @pytest.mark.parametrize("name", list(HOST_FREE))

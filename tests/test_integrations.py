@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cases import FEATURES, HOOK_PROCESS_CASES, SHORT, combinations, representatives
+from cases import FEATURES, HOOK_PROCESS_CASES, SHORT, combinations, covering, representatives
 from launch import SMALL
 
 from conftest import SCRIPTS
@@ -86,10 +86,12 @@ def hook_of(overrides: list[str]) -> dict | None:
 # pseudo-gradients): a per-worker stochastic codec, a shared-seed one and SparseLoCo's chain with
 # error feedback cover it (the simulator's tests take every codec)
 DILOCO = [f"diloco-{codec}-sgd" for codec in ("none", "qsgd:4", "random-k:0.2", "ef-top-k:0.1+quant:2")]
-# every registered algorithm × codec that a synchroniser runs (SGD), from the registries, and the
-# FEATURES of DiLoCo's options (streaming with a compressed chain; NoLoCo)
-GENERATED = {name: (o, hook_of(o)) for name, o in {**combinations(optimizers=False), **{
-    name: FEATURES[name] for name in ("diloco-streaming", "noloco")}}.items()
+# every registered algorithm that a synchroniser runs (SGD) and every codec with one of them in turn
+# (tests/cases.py's covering), DiLoCo's codecs above, and the FEATURES of DiLoCo's options
+# (streaming with a compressed chain; NoLoCo)
+GENERATED = {name: (o, hook_of(o)) for name, o in {
+    **covering(optimizers=False), **{name: o for name, o in combinations(optimizers=False).items() if name in DILOCO},
+    **{name: FEATURES[name] for name in ("diloco-streaming", "noloco")}}.items()
     if hook_of(o) is not None and (not name.startswith("diloco-") or name in DILOCO + ["diloco-streaming"])}
 # resumed: a representative subset (each algorithm once, compressed where it compresses, the codecs
 # in turn; every algorithm × codec × optimizer resumes in the simulator, tests/test_resume.py) and

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # builds a wheel and a fresh environment
+pytestmark = [pytest.mark.slow, pytest.mark.system]  # builds a wheel and a fresh environment: .ci/run, after the suite
 
 
 def run(*argv, cwd: Path) -> str:

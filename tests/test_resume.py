@@ -1,5 +1,6 @@
-"""Every combination resumes exactly: for each case of tests/cases.py (every registered algorithm ×
-codec × optimizer valid together, and the feature variants), a run stopped at a random step
+"""Every combination resumes exactly: for each case of tests/cases.py's covering (every registered
+algorithm × optimizer, every codec with a compressing algorithm in turn, and the feature
+variants), a run stopped at a random step
 before every switch or phase boundary, and at one after them, and resumed from its checkpoint
 gives the straight run's rows, summary and final state, bit for bit (the simulator, in process;
 the dist engine and the hooks have their own resume tests)."""
@@ -9,14 +10,14 @@ import random
 
 import pytest
 import torch
-from cases import SHORT, all_cases
+from cases import FEATURES, SHORT, covering
 
 from conftest import assert_same_state
 
 from gossamer.config import load_config
 from gossamer.train import Interrupted, build_run, train
 
-CASES = all_cases()
+CASES = {**covering(), **FEATURES}
 STEPS = 12  # SHORT's 2 epochs of 6 steps; the examples' boundaries lie in steps 4..8
 
 

@@ -173,7 +173,7 @@ def decentralized_adam(scale: str, quick: bool) -> Suite:
         epochs = 2 if quick else 16
         # the offline pydoc-topics text (≈ 419 K training characters), windows of 64 characters;
         # Adam with a warm-up and ×0.1 at 50 % and 75 % of training, as the SGD suites
-        size = ["text_chars=40000", "context=32", "width=32"] if quick else ["context=64", "width=64"]
+        size = ["text_chars=12000", "context=32", "width=32"] if quick else ["context=64", "width=64"]
         suite = Suite(f"decentralized-adam: char Transformer, Adam, ring, n = {n}",
                       ["dataset=text", "model=transformer", *size, "layers=2", "heads=4", "batch_size=16",
                        f"epochs={epochs}", f"milestones=[{epochs / 2},{epochs * 3 / 4}]", "optimizer=adam",
