@@ -9,6 +9,7 @@ from here, so a new registration is covered without editing them.
 import functools
 from pathlib import Path
 
+from gossamer import testing
 from gossamer.algorithms import ALGORITHMS
 from gossamer.codecs import CODECS, ERROR_FEEDBACK
 from gossamer.config import load_config
@@ -18,9 +19,8 @@ from gossamer.registry import ConfigError
 DIRECTED = Path(__file__).resolve().parent / "dist_scripts" / "directed-4.txt"
 
 # a fraction of a second in float64: the MLP (the cheapest model; the CNN and ResNet-20 have their
-# own parity and resume tests), 4 workers, 6 steps an epoch, 2 epochs
-SHORT = ["workers=4", "epochs=2", "batch_size=32", "num_samples=1000", "lr=0.05", "dtype=float64", "model=mlp",
-         "grad_backend=loop"]
+# own parity and resume tests), 4 workers, 6 steps an epoch, 2 epochs — the conformance kit's run
+SHORT = [*testing.SHORT, testing.MNIST1D_SAMPLES]
 
 # option variants beyond the entries' examples: (name, overrides)
 FEATURES = {

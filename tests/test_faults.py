@@ -6,7 +6,7 @@ import pytest
 import torch
 from cases import SHORT
 from test_bad_input import one_line_error, sets
-from test_resume import through_bytes, untimed
+from gossamer.testing import through_bytes, untimed
 
 from gossamer.config import ConfigError, load_config
 from gossamer.engines.sim import SimEngine

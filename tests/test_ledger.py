@@ -7,13 +7,14 @@ import threading
 import numpy as np
 import pytest
 import torch
-from cases import SHORT
+from cases import FEATURES, SHORT, covering
 
 from gossamer.config import load_config
 from gossamer.engines.ledger import BYTES_PER_VALUE, Transfer, allreduce_bytes
 from gossamer.engines.sim import SimEngine
 from gossamer.engines.threads import ThreadedSim
 from gossamer.groups import Groups
+from gossamer.testing import RecordingEngine, ledger_difference
 from gossamer.integrations.hooks import DiLoCo
 from gossamer.network import NetworkConfig
 from gossamer.topology import build_topology
@@ -149,3 +150,23 @@ def test_a_transfer_sends_what_its_closed_form_says():
     assert blocks.per_worker == (4.0, allreduce_bytes(m / BYTES_PER_VALUE, 3))
     gather = Transfer("allgather", m, "global", groups=Groups.of(6, [[0, 1, 2, 3], [4]]))
     assert gather.per_worker == (4 * 3 / 6, 4 * 3 * m / 6)
+
+
+LEDGER_CASES = {**covering(), **FEATURES}
+
+
+@pytest.mark.parametrize("name", list(LEDGER_CASES))
+def test_every_primitive_that_moves_data_is_in_the_ledger_as_it_moved(name):
+    """The conformance kit's trace (gossamer.testing.ledger_difference): each case of the covering
+    on a recording simulator — operator, participants (the groups or W it ran over) and payload
+    size of every primitive, in order, against the ledger's transfers."""
+    where, count = ledger_difference(LEDGER_CASES[name])
+    assert where is None and count > 0
+
+
+def test_the_trace_catches_traffic_recorded_by_assumption(monkeypatch):
+    """A schedule that records a round it did not run (as the old AD-PSGD did for peerless workers)."""
+    original = SimEngine._mixed  # a round whose primitive the recording engine does not see: recorded, not moved
+    monkeypatch.setattr(RecordingEngine, "_mixed", lambda self, X, mixing: original(self, X, mixing))
+    where, _ = ledger_difference(["algorithm=gossip", "topology=ring"])
+    assert where == "the ledger records a gossip (gossip) that no primitive moved"

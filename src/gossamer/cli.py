@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from . import __version__
+from . import __version__, plugins
 from .checkpoint import check_checkpoint, check_resumable, restore
 from .codecs import CODECS
 from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
@@ -222,7 +222,7 @@ def _resumed_config(args, resume: Path):
     if args.resume and (args.out or args.overwrite):
         raise ConfigError("--resume continues the run in its own directory: drop --out and --overwrite")
     saved = saved_config(resume)
-    cfg = load_config(args.config, args.set, base=None if args.resume_if_exists else saved)
+    cfg = load_config(args.config, args.set, base=None if args.resume_if_exists else saved, plugin=args.plugin)
     check_resumable(from_dict(saved).to_dict(), cfg.to_dict(), str(resume))
     return cfg
 
@@ -249,7 +249,7 @@ def cmd_train(args) -> int:
     resume = _resume_dir(args)
     lock = _resume_lock(resume)
     try:
-        cfg = _resumed_config(args, resume) if resume else load_config(args.config, args.set)
+        cfg = _resumed_config(args, resume) if resume else load_config(args.config, args.set, plugin=args.plugin)
         out = Path(resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
         # a restart that finds the folder its killed first attempt left before any checkpoint starts over there
         restart = args.resume_if_exists and not resume and (out / "config.yaml").is_file()
@@ -440,8 +440,17 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--resume-if-exists", action="store_true",
                    help="with --out DIR: continue the run there if DIR holds a checkpoint of this config, else "
                    "start it (an elastic restart under torchrun --max-restarts; see docs/faults.md)")
+    t.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", type=_path,
+                   help="import a Python file or module that registers algorithms, codecs, topologies, optimizers, "
+                        "models or data sets (repeatable; recorded in config.yaml; docs/extending.md)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
     t.set_defaults(func=cmd_train)
+
+    k = sub.add_parser("check-plugin", help="run gossamer's conformance checks on every entry a plugin registers "
+                       "(exact resume, no host reads in the hot path, the traffic ledger, 2-process parity)")
+    k.add_argument("plugin", type=_path, help="the plugin: a .py file or a module")
+    k.add_argument("--no-processes", action="store_true", help="skip the 2-process (gloo) parity check")
+    k.set_defaults(func=cmd_check_plugin)
 
     g = sub.add_parser("topology", help="mixing matrix analysis: spectral gap, p, rounds to halve, expected "
                        "contraction, effective number of neighbours")
@@ -504,7 +513,31 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def cmd_check_plugin(args) -> int:
+    from .testing import check_plugin
+
+    results = check_plugin(args.plugin, processes=not args.no_processes, out=print)
+    applicable = [r for r in results if r.passed is not None]
+    failed = [r for r in applicable if not r.passed]
+    print(f"{len(applicable) - len(failed)} of {len(applicable)} checks passed ({len(results) - len(applicable)} "
+          f"not applicable)")
+    return 1 if failed else 0
+
+
+def _plugins_named(argv: list[str]) -> list[str]:
+    """The --plugin values of a command line (imported before its parser is built, so that the
+    help lists their entries)."""
+    named = [v for flag, v in zip(argv, argv[1:]) if flag == "--plugin"]
+    return named + [a.split("=", 1)[1] for a in argv if a.startswith("--plugin=")]
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        plugins.load(_plugins_named(argv))
+        plugins.load_installed()
+    except ConfigError as e:
+        return _fail(str(e), 2)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -32,6 +32,7 @@ from .engines import ENGINES
 from .models import MODELS
 from .faults import FaultsConfig
 from .network import NetworkConfig, check_compute, parse_jitter, parse_slow_workers
+from . import plugins
 from .optim import OPTIMIZERS
 from .registry import ConfigError, Registry, positive_ints, short
 from .workers import GRAD_BACKENDS
@@ -105,6 +106,8 @@ class Config:
     target_loss: float | None = None  # ... or to this test loss (language models)
     # workers that leave and return (gossamer.faults): events, churn, rejoin
     faults: FaultsConfig | None = field(default=None, metadata={"section": FaultsConfig})
+    # Python files or modules imported before the rest is read (gossamer.plugins); recorded as SOURCE#sha256=HEX
+    plugins: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
@@ -231,7 +234,9 @@ def _choice(cfg: Config, name: str, allowed: tuple[str, ...]) -> None:
 
 def _coerce(name: str, value: Any, annotation: str) -> Any:
     """Check a value against the field's type (from its annotation string) and convert ints to floats."""
-    if annotation == "list[str]":
+    if value is None and "None" in annotation:
+        return None
+    if annotation.startswith("list[str]"):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{name} must be a list of names, got {short(value)}")
         return value
@@ -295,6 +300,11 @@ def _number(value: Any) -> Any:
     return value
 
 
+def _annotation(f: dataclasses.Field) -> str:
+    """A field's type as its annotation reads (a plugin's module may not postpone annotations)."""
+    return f.type if isinstance(f.type, str) else f.type.__name__ if isinstance(f.type, type) else str(f.type)
+
+
 def _section(f: dataclasses.Field) -> type | None:
     """The dataclass of a section field (``consensus``; ``network``, unset by default), else None."""
     factory = f.default_factory
@@ -319,7 +329,7 @@ def _build(cls, values: Any, prefix: str = ""):
     for key, value in values.items():
         section = _section(fields[key])
         kwargs[key] = (_build(section, value, f"{prefix}{key}.") if section and value is not None
-                       else _coerce(prefix + key, value, str(fields[key].type)))
+                       else _coerce(prefix + key, value, _annotation(fields[key])))
     return cls(**kwargs)
 
 
@@ -328,6 +338,7 @@ def from_dict(values: dict[str, Any]) -> Config:
     entry chosen for its concept; unknown keys and keys of entries not chosen are refused."""
     if not isinstance(values, dict):
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(values).__name__}")
+    values = _with_plugins(values)
     general = {f.name: f for f in _fields(Config)}
     chosen = {kind: registry[_coerce(kind, values.get(kind, general[kind].default), "str")]
               for kind, registry in KINDS.items()}
@@ -344,6 +355,17 @@ def from_dict(values: dict[str, Any]) -> Config:
     cfg = _build(Config, top)
     cfg.options = {kind: _build(entry.options, routed[kind]) for kind, entry in chosen.items()}
     return cfg.validate()
+
+
+def _with_plugins(values: dict[str, Any]) -> dict[str, Any]:
+    """Import the config's plugins and the installed ones (before any name is looked up); the
+    config then records each as SOURCE#sha256=HEX (a recorded one must not have changed)."""
+    given = values.get("plugins") or []
+    if not isinstance(given, list):
+        raise ConfigError(f"plugins must be a list of .py files or module names, got {short(given)}")
+    records = plugins.load(given)
+    records += [r for r in plugins.load_installed() if r not in records]
+    return {**values, "plugins": records} if records else {k: v for k, v in values.items() if k != "plugins"}
 
 
 def _not_applicable(key: str, chosen: dict, general: dict) -> ConfigError:
@@ -469,6 +491,9 @@ def read_config_file(path: str | Path, _seen: tuple[Path, ...] = ()) -> dict[str
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"config file '{short(path)}' must hold a mapping of keys to values")
     values = loaded or {}
+    if isinstance(values.get("plugins"), list):  # a plugin's path is relative to the file that names it
+        values["plugins"] = [str(Path(path).parent / p) if isinstance(p, str) and plugins.is_path(p)
+                             and not p.startswith("~") else p for p in values["plugins"]]
     parent = values.pop("base", None)
     if parent is None:
         return values
@@ -491,12 +516,15 @@ def _merge(into: dict[str, Any], values: dict[str, Any]) -> None:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (),
-                base: dict[str, Any] | None = None) -> Config:
+                base: dict[str, Any] | None = None, plugin: list[str] = ()) -> Config:
     """Defaults, then ``base`` (e.g. a saved run's config), then the YAML file (if any, with the
-    files it names as its ``base``), then each ``KEY=VALUE`` override in order."""
+    files it names as its ``base``), then each ``KEY=VALUE`` override in order; ``plugin``: more
+    plugins (``--plugin``) after the config's own."""
     values: dict[str, Any] = copy.deepcopy(base or {})
     if path is not None:
         values.update(read_config_file(path))
     for text in overrides:
         set_dotted(values, *parse_override(text))
+    if plugin:
+        values["plugins"] = [*(values.get("plugins") or []), *plugin]
     return from_dict(values)

@@ -78,8 +78,8 @@ class Registry:
         what the entry declares about itself for its concept (an algorithm's fault support, a
         topology's memory size), read by the one place that checks it."""
         def add(build: Callable) -> Callable:
-            if name in self.entries:
-                raise RuntimeError(f"{self.kind} '{name}' registered twice")
+            if name in self.entries:  # a plugin never shadows a built-in or another plugin
+                raise self.error(f"{self.kind} '{short(name)}' is already registered; choose another name")
             self.entries[name] = Entry(name, build, options, help, spec or name, takes, tuple(example),
                                        MappingProxyType(dict(traits)))
             return build

@@ -1,0 +1,183 @@
+"""The Python API: train on the simulator from a notebook or a script, on gossamer's models and data
+sets or on one's own ``nn.Module`` and tensors, and read finished runs back.
+
+    result = gossamer.run({"algorithm": "gossip", "topology": "ring", "workers": 16, "epochs": 3},
+                          model=lambda: MyNet(), data=gossamer.Data(train=(x, y), test=(x_test, y_test)))
+    result.summary["test_accuracy"], result.rows[-1]["consensus_distance_sq"], result.x
+
+A model or data given here is, for the length of the call, the registry entry ``python`` of
+models or data sets (what ``config.yaml`` then records): the run is built and checked exactly as
+one from the command line, both gradient backends and every algorithm alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+from .config import Config, from_dict, read_config_file
+from .data import DATASETS, Dataset
+from .models import FOOTPRINTS, MODELS, Footprint
+from .registry import ConfigError, short
+from .tasks import TASKS
+
+GIVEN = "python"  # the name of a model or data set given from Python, in the config it ran with
+
+
+@dataclass(frozen=True)
+class Data:
+    """A user's data: ``train`` and ``test`` each as (inputs, targets) tensors or arrays, or a torch
+    ``Dataset`` of (input, target) pairs (stacked once); ``task``: ``classification`` (targets are
+    class indices) or ``language-model`` (inputs and targets are token ids [N, T]);
+    ``num_classes``: the model's output size (default: the largest target, or token, + 1)."""
+
+    train: Any
+    test: Any
+    task: str = "classification"
+    num_classes: int | None = None
+
+    def dataset(self) -> Dataset:
+        if self.task not in TASKS:
+            raise ConfigError(f"Data task must be one of: {', '.join(TASKS)}; got {short(self.task)}")
+        (x_train, y_train), (x_test, y_test) = _tensors(self.train, "train"), _tensors(self.test, "test")
+        if x_train.shape[1:] != x_test.shape[1:]:
+            raise ConfigError(f"Data train and test inputs differ in shape: {list(x_train.shape[1:])} and "
+                              f"{list(x_test.shape[1:])}")
+        for name, y in (("train", y_train), ("test", y_test)):
+            if y.is_floating_point() or y.dtype == torch.bool:
+                raise ConfigError(f"Data {name} targets must be integer class or token ids, got {y.dtype}")
+        tokens = [x_train, x_test] if self.task == "language-model" else []
+        classes = self.num_classes or 1 + int(max(t.max() for t in (y_train, y_test, *tokens)))
+        return Dataset(x_train, y_train, x_test, y_test, classes, task=self.task)
+
+
+def _tensors(part: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(part, torch.utils.data.Dataset):
+        pairs = [part[i] for i in range(len(part))]
+        if not pairs:
+            raise ConfigError(f"Data {name} is empty")
+        return torch.stack([torch.as_tensor(x) for x, _ in pairs]), torch.stack([torch.as_tensor(y) for _, y in pairs])
+    if not (isinstance(part, (tuple, list)) and len(part) == 2):
+        raise ConfigError(f"Data {name} must be (inputs, targets) or a torch Dataset of pairs, got "
+                          f"{type(part).__name__}")
+    x, y = (torch.as_tensor(v) for v in part)
+    if len(x) != len(y) or len(x) == 0:
+        raise ConfigError(f"Data {name} needs as many targets as inputs, at least one: got {len(x)} and {len(y)}")
+    return x, y
+
+
+@dataclass
+class Result:
+    """A run: its config (as config.yaml holds it), metric rows, summary and final worker matrix
+    X [n, d] (row i: worker i's parameters, flattened); ``path``: its run directory, if any."""
+
+    config: dict
+    rows: list[dict]
+    summary: dict
+    x: torch.Tensor
+    path: Path | None = None
+
+    @property
+    def frame(self):
+        """The rows as a pandas DataFrame (pandas is an optional extra: pip install pandas)."""
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("Result.frame needs pandas: pip install pandas") from None
+        return pandas.DataFrame(self.rows)
+
+
+def run(config: dict | str | Path | Config, model: Callable[[], nn.Module] | nn.Module | None = None,
+        data: Data | None = None, out: str | Path | None = None, progress: bool = False) -> Result:
+    """Train ``config`` (a dict of keys, a YAML file or a :class:`Config`) on the simulator and
+    return the :class:`Result`. ``model``: an ``nn.Module`` or a function that builds one (called
+    once, after seeding torch with the run's seed); ``data``: a :class:`Data`. With ``out``, the
+    run directory is written as ``gossamer train --out`` writes it (an existing run is not replaced)."""
+    from .cli import run_training
+    from .train import build_run, train
+
+    values = _values(config)
+    with _given(values, model, data):
+        cfg = from_dict(values)
+        if cfg.engine != "sim":
+            raise ConfigError("gossamer.run trains on the simulator (engine sim); engine dist runs under torchrun: "
+                              "gossamer train --set engine=dist")
+        if out is not None:
+            run_training(cfg, Path(out), overwrite=False, progress=progress)
+            return load(out)
+        built, rows = build_run(cfg), []
+        summary = train(cfg, built, on_row=rows.append, progress=progress)
+        return Result(cfg.to_dict(), rows, summary, built.workers.X.detach().clone())
+
+
+def load(path: str | Path) -> Result:
+    """The :class:`Result` of a run directory (its config.yaml, metrics.jsonl, summary.json and
+    the worker matrix of its last checkpoint)."""
+    from .report import load_checkpoint, read_rows, read_summary, saved_config
+
+    path = Path(path)
+    return Result(saved_config(path), read_rows(path), read_summary(path), load_checkpoint(path)["rows"]["X"], path)
+
+
+def _values(config: dict | str | Path | Config) -> dict:
+    if isinstance(config, Config):
+        return config.to_dict()
+    if isinstance(config, (str, Path)):
+        return read_config_file(config)
+    if isinstance(config, dict):
+        return dict(config)
+    raise ConfigError(f"config must be a dict, a YAML file's path or a Config, got {type(config).__name__}")
+
+
+@contextlib.contextmanager
+def _given(values: dict, model: Callable[[], nn.Module] | nn.Module | None, data: Data | None) -> Iterator[None]:
+    """``model`` and ``data``, if given, as the entries ``python`` of their registries for the call
+    (the config names them; naming another model or data set besides is refused)."""
+    added = []
+    try:
+        if data is not None:
+            if not isinstance(data, Data):
+                raise ConfigError(f"data must be a gossamer.Data, got {type(data).__name__}")
+            dataset = data.dataset()
+            _name(values, "dataset", "data")
+            DATASETS.register(GIVEN, help="the data given from Python (gossamer.run(data=...))")(lambda cfg: dataset)
+            added.append(DATASETS)
+        if model is not None:
+            build = _builder(model)
+            _name(values, "model", "model")
+            MODELS.register(GIVEN, help="the nn.Module given from Python (gossamer.run(model=...))")(
+                lambda cfg, data: build())
+            FOOTPRINTS[GIVEN] = lambda cfg, data: Footprint(sum(p.numel() for p in build().parameters()), 0, 0)
+            added.append(MODELS)
+        yield
+    finally:
+        for registry in added:
+            registry.entries.pop(GIVEN, None)
+        FOOTPRINTS.pop(GIVEN, None)
+
+
+def _name(values: dict, key: str, argument: str) -> None:
+    if values.get(key, GIVEN) != GIVEN:
+        raise ConfigError(f"{key} '{short(values[key])}' is set in the config and {argument}= is given: give one")
+    values[key] = GIVEN
+
+
+def _builder(model: Callable[[], nn.Module] | nn.Module) -> Callable[[], nn.Module]:
+    """A function that builds a fresh module (a module given as such: a copy of it each time)."""
+    if isinstance(model, nn.Module):
+        return lambda: copy.deepcopy(model)
+    if not callable(model):
+        raise ConfigError(f"model must be an nn.Module or a function that builds one, got {type(model).__name__}")
+    return lambda: _checked(model())
+
+
+def _checked(module: Any) -> nn.Module:
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"model must build an nn.Module, got {type(module).__name__}")
+    return module

@@ -1,0 +1,146 @@
+"""Plugins: a user's Python file or module, imported before a config is validated, that registers
+algorithms, codecs, topologies, optimizers, models and data sets with the decorators of
+:mod:`gossamer.extend` — the ones gossamer's own modules use.
+
+A plugin is named by a path (``my_algorithm.py``, any name ending in ``.py`` or holding a ``/``) or
+an importable module (``mylab.gossip``); installed packages announce theirs in the entry-point
+group ``gossamer.plugins`` (loaded by :func:`load_installed`). A config records each plugin it used
+as ``SOURCE#sha256=HEX`` (:func:`load`): its absolute path or module name and the SHA-256 of its
+source (a package: of its ``.py`` files, by relative path), so a run directory says which code it
+ran and a resume refuses, naming the plugin, one that is missing or changed.
+
+Importing is all or nothing: a plugin that fails to import, or registers a name that is taken (a
+built-in's or another plugin's — nothing shadows silently), leaves the registries as they were
+and is one :class:`~gossamer.registry.ConfigError` line. A plugin is imported once per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from .registry import ConfigError, short
+
+ENTRY_POINTS = "gossamer.plugins"
+HASH = "#sha256="
+
+_loaded: dict[str, str] = {}  # source → the sha256 it was imported with
+_added: dict[str, list[tuple[str, str]]] = {}  # source → the (kind, name) entries its import registered
+
+
+def is_path(spec: str) -> bool:
+    """Whether a plugin spec names a file (else a module)."""
+    return spec.endswith(".py") or "/" in spec or "\\" in spec
+
+
+def _registries() -> list:
+    from .algorithms import ALGORITHMS
+    from .codecs import CODECS
+    from .data import DATASETS
+    from .models import FOOTPRINTS, MODELS
+    from .optim import OPTIMIZERS
+    from .rng import STREAMS
+    from .topology import TOPOLOGIES
+    return [ALGORITHMS, CODECS, DATASETS, MODELS, OPTIMIZERS, TOPOLOGIES], [FOOTPRINTS, STREAMS]
+
+
+def source_of(spec: str) -> tuple[str, list[Path], Path]:
+    """(the plugin's source as a config records it, its files, the root their names are relative
+    to): an absolute path, or a module name and the files of its module or package."""
+    if is_path(spec):
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise ConfigError(f"plugin '{short(spec)}' does not exist (a plugin is a .py file or an importable module)")
+        return str(path), [path], path.parent
+    try:
+        found = importlib.util.find_spec(spec)
+    except (ImportError, ValueError) as e:
+        raise ConfigError(f"plugin '{short(spec)}' cannot be found: {short(str(e))}") from None
+    if found is None:
+        raise ConfigError(f"plugin '{short(spec)}' is neither a .py file nor an importable module")
+    if found.submodule_search_locations:  # a package: every .py file under it
+        root = Path(next(iter(found.submodule_search_locations)))
+        return spec, sorted(root.rglob("*.py")), root
+    if found.origin is None or not Path(found.origin).is_file():
+        raise ConfigError(f"plugin '{short(spec)}' has no source file to record")
+    origin = Path(found.origin)
+    return spec, [origin], origin.parent
+
+
+def fingerprint(spec: str) -> str:
+    """``SOURCE#sha256=HEX`` of a plugin as it is now."""
+    source, files, root = source_of(spec)
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes() + b"\0")
+    return f"{source}{HASH}{digest.hexdigest()}"
+
+
+def load(specs: list[str]) -> list[str]:
+    """Import each plugin (once per process) and return their records ``SOURCE#sha256=HEX``. A spec
+    that carries a hash (a recorded config) must match the plugin's content now."""
+    records = []
+    for spec in specs:
+        if not isinstance(spec, str) or not spec.strip():
+            raise ConfigError(f"plugins must be a list of .py files or module names, got {short(spec)}")
+        given, _, recorded = spec.partition(HASH)
+        record = fingerprint(given)
+        source, _, digest = record.partition(HASH)
+        if recorded and recorded != digest:
+            raise ConfigError(f"plugin '{short(source)}' changed since the run recorded it (sha256 {recorded[:12]}… "
+                              f"then, {digest[:12]}… now); restore it, or start a new run")
+        if _loaded.get(source, digest) != digest:
+            raise ConfigError(f"plugin '{short(source)}' changed since this process imported it; start a new process")
+        if source not in _loaded:
+            registries = _registries()[0]
+            before = {(r.kind, name) for r in registries for name in r.entries}
+            _import(source)
+            _loaded[source] = digest
+            _added[source] = [(r.kind, name) for r in registries for name in r.entries if (r.kind, name) not in before]
+        if record not in records:
+            records.append(record)
+    return records
+
+
+def registered(record: str) -> list[tuple[str, str]]:
+    """The (kind, name) of every entry that the import of a loaded plugin (its record) registered."""
+    return list(_added[record.partition(HASH)[0]])
+
+
+def load_installed() -> list[str]:
+    """Import the plugins that installed packages announce in the ``gossamer.plugins`` entry points."""
+    return load([point.value.split(":")[0] for point in importlib.metadata.entry_points(group=ENTRY_POINTS)])
+
+
+def _import(source: str) -> ModuleType:
+    """Import a plugin; on any failure the registries are restored and the error is one line."""
+    registries, tables = _registries()
+    saved = [dict(r.entries) for r in registries], [dict(t) for t in tables]
+    try:
+        if not is_path(source):
+            return importlib.import_module(source)
+        name = f"gossamer_plugin_{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+        spec = importlib.util.spec_from_file_location(name, source)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses and pickling look the module up by name
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
+    except Exception as e:  # noqa: BLE001 — whatever the user's code raises is one line
+        for registry, entries in zip(registries, saved[0]):
+            registry.entries.clear()
+            registry.entries.update(entries)
+        for table, entries in zip(tables, saved[1]):
+            table.clear()
+            table.update(entries)
+        reason = str(e).splitlines()[0] if str(e) else ""
+        raise ConfigError(f"plugin '{short(source)}' failed to import: {type(e).__name__}"
+                          f"{': ' + short(reason) if reason else ''}") from None

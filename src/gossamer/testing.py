@@ -1,0 +1,402 @@
+"""The conformance kit: the checks gossamer's generated tests run on its own entries, for a plugin's.
+
+``gossamer check-plugin PATH_OR_MODULE`` (or :func:`check_plugin`) imports a plugin and, for every
+entry it registers, trains a short float64 run that uses the entry (an algorithm as its example
+says; a codec with the first compressing algorithm that takes it; an optimizer, a topology with
+gossip on it; a model or a data set as its example says) and checks:
+
+- ``resume``: the run stopped at a step before the examples' boundaries and at one after them, and
+  resumed from its checkpoints, gives the straight run's rows, summary and state bit for bit
+  (deviation: max |Δ| of the final state);
+- ``hot-path``: ten steps without metrics read nothing back from the device (no ``.item()``, no
+  tensor → Python conversion);
+- ``ledger``: every communication primitive that moved data is in the traffic ledger, once, in
+  order, with its payload's size — nothing assumed, nothing missed (:class:`RecordingEngine`);
+- ``hooks``: the threaded-engine parity of gossamer's synchronisers applies to the algorithms they
+  implement (LocalSGD, Gossip, DiLoCo), not to a plugin's: reported as not applicable (and not run
+  by the kit for a plugin's codec, topology, model or data set);
+- ``processes``: the same run on 2 real processes (engine dist, gloo) gives the simulator's
+  worker matrix to 1e-10 and the same traffic counts (one launch for all of a plugin's entries).
+
+Each check prints one line with its measured deviation; :func:`check_plugin` returns them.
+gossamer's own tests call the same functions (tests/test_resume.py, tests/test_hot_path.py,
+tests/test_ledger.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+from . import plugins
+from .config import load_config
+from .engines.ledger import BYTES_PER_VALUE, METRICS, Transfer
+from .engines.sim import SimEngine
+from .registry import ConfigError
+
+# a fraction of a second in float64: 4 workers, 2 epochs of 6 steps, the MLP
+SHORT = ["workers=4", "epochs=2", "batch_size=32", "lr=0.05", "dtype=float64", "model=mlp", "grad_backend=loop"]
+MNIST1D_SAMPLES = "num_samples=1000"  # MNIST-1D's option, where the run's data set is MNIST-1D
+STEPS = 12  # SHORT's steps: the examples' boundaries lie in steps 4..8
+PARITY = 1e-10  # float64, sums taken in another order across processes
+HOST_READS = ("item", "tolist", "numpy", "cpu", "__bool__", "__float__", "__int__", "__index__")
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of one entry: passed or not, the measured deviation, what was measured."""
+
+    entry: str
+    check: str
+    passed: bool | None  # None: not applicable
+    deviation: float | None
+    detail: str
+
+    def line(self) -> str:
+        verdict = "n/a " if self.passed is None else "PASS" if self.passed else "FAIL"
+        shown = "" if self.deviation is None else f" (max |Δ| = {self.deviation:.3g})"
+        return f"{verdict}  {self.entry:<32} {self.check:<10} {self.detail}{shown}"
+
+
+# ---------------------------------------------------------------- the runs an entry is checked with
+
+
+def overrides_for(kind: str, name: str) -> list[str]:
+    """The overrides of a short run that uses the entry ``name`` of registry ``kind`` (after SHORT,
+    and MNIST1D_SAMPLES where the data set is MNIST-1D)."""
+    from .algorithms import ALGORITHMS
+    from .codecs import CODECS
+    from .data import DATASETS
+    from .models import MODELS
+    from .optim import OPTIMIZERS
+    from .topology import TOPOLOGIES
+    registry = {r.kind: r for r in (ALGORITHMS, CODECS, DATASETS, MODELS, OPTIMIZERS, TOPOLOGIES)}[kind]
+    entry = registry[name]
+    spec = f"{name}:{entry.example[0]}" if entry.takes == "required" else name
+    example = list(entry.example) if entry.takes != "required" else []
+    if kind == "compression":
+        for algorithm in ALGORITHMS.entries.values():
+            if "compression" in algorithm.keys:
+                candidate = [f"algorithm={algorithm.name}", *algorithm.example, f"compression={spec}"]
+                if _accepted(candidate):
+                    return candidate
+        raise ConfigError(f"compression '{spec}': no compressing algorithm takes it in a short run")
+    kind_keys = {"algorithm": [], "optimizer": ["algorithm=gossip", "topology=ring"],
+                 "topology": ["algorithm=gossip"], "model": [], "dataset": []}[kind]
+    return [*kind_keys, f"{kind}={spec}", *example]
+
+
+def _accepted(overrides: list[str]) -> bool:
+    try:
+        config(overrides)
+    except ConfigError:
+        return False
+    return True
+
+
+def config(overrides: list[str]):
+    """The config of a short run with ``overrides`` (MNIST-1D on 1000 samples unless they choose
+    another data set)."""
+    try:
+        return load_config(None, [*SHORT, MNIST1D_SAMPLES, *overrides])
+    except ConfigError:
+        return load_config(None, [*SHORT, *overrides])
+
+
+# ---------------------------------------------------------------- resume
+
+
+def through_bytes(state: dict) -> dict:
+    """A checkpoint as it comes back from disk (copied; loads with weights_only=True)."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+def untimed(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if not k.endswith("_seconds")}
+
+
+def state_difference(a, b, path: str = "state") -> tuple[str | None, float]:
+    """(the first path where two nested states differ, or None; the max |Δ| of their tensors)."""
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dtype != b.dtype:
+            return path, float("inf")
+        delta = (a.double() - b.double()).abs().max().item() if a.numel() and a.is_floating_point() else \
+            float(not torch.equal(a, b))
+        return (None if torch.equal(a, b) else path), delta
+    if isinstance(a, dict):
+        if not isinstance(b, dict) or a.keys() != b.keys():
+            return path, float("inf")
+        first, worst = None, 0.0
+        for key in a:
+            where, delta = state_difference(a[key], b[key], f"{path}.{key}")
+            first, worst = first or where, max(worst, delta)
+        return first, worst
+    return (None if a == b else path), 0.0
+
+
+def resume_difference(overrides: list[str], seed: str) -> tuple[str | None, float]:
+    """Train ``overrides`` straight, and again stopped at a random step before the boundaries
+    (1..3) and one after (9..11), resumed from its checkpoints as a chain of restarts; returns
+    (what first differs from the straight run — rows, summary or a state's path — or None; the
+    max |Δ| of the final states). ``seed`` names the draw of the stop steps."""
+    from .train import Interrupted, build_run, train
+
+    cfg = config([*overrides, "checkpoint_every=0.01"])  # a checkpoint after every step
+    steps = cfg.epochs * build_run(cfg).steps_per_epoch
+    draw = random.Random(seed)
+    first, second = draw.randint(1, 3), draw.randint(steps - 3, steps - 1)
+    rows, saved = [], {}
+
+    def keep(state):
+        if state["step"] in (first, steps):
+            saved[state["step"]] = through_bytes(state)
+    summary = train(cfg, build_run(cfg), on_row=rows.append, on_checkpoint=keep)
+    resumed_rows, state = [], saved[first]
+    for stop in (second, steps):
+        resumed_rows.clear()
+        try:
+            resumed = train(cfg, build_run(cfg), on_row=resumed_rows.append, resume=state,
+                            on_checkpoint=lambda s: saved.update(last=through_bytes(s) if s["step"] in (second, steps)
+                                                                 else {"step": s["step"]}),
+                            stop=lambda: saved.get("last", {}).get("step") == second - 1)
+        except Interrupted as interrupted:
+            if interrupted.step != second:
+                return f"stopped at step {interrupted.step}, not {second}", float("inf")
+        start = state["step"]
+        if resumed_rows != [r for r in rows if start < r["step"] <= stop]:
+            return f"the rows after resuming at step {start}", float("inf")
+        state = saved.pop("last")
+    if untimed(resumed) != untimed(summary):
+        return "the summary", float("inf")
+    return state_difference(state, saved[steps])
+
+
+# ---------------------------------------------------------------- hot path
+
+
+@contextlib.contextmanager
+def no_host_reads() -> Iterator[None]:
+    """Inside: any Python read of a tensor's value raises AssertionError."""
+    saved = {name: getattr(torch.Tensor, name) for name in HOST_READS}
+
+    def forbid(name):
+        def read(*args, **kwargs):
+            raise AssertionError(f"host synchronisation in the hot path: Tensor.{name}")
+        return read
+    try:
+        for name in HOST_READS:
+            setattr(torch.Tensor, name, forbid(name))
+        yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+
+
+def host_steps(run, steps: int = 10) -> None:
+    """``steps`` steps of a built run with no metrics due, reading nothing back from the device
+    (the epochs' batch indices are drawn first: on the host, once per epoch)."""
+    from .train import Batches, Progress, train_step
+
+    progress = Progress()
+    run.schedule.start(run.engine, run.workers.X)
+    batches = Batches(run)
+    for epoch in range(-(-steps // run.steps_per_epoch)):
+        batches.epoch(epoch)
+    with no_host_reads():
+        for t in range(steps):
+            train_step(run, progress, batches, t, lr=0.05, measure=False, computes=None)
+
+
+def host_read(overrides: list[str], steps: int = 10) -> str | None:
+    """The first host read in ``steps`` unmeasured steps of the run, or None."""
+    from .train import build_run
+
+    run = build_run(config([*overrides, "metrics_every=100"]))
+    try:
+        host_steps(run, steps)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+# ---------------------------------------------------------------- the traffic ledger
+
+
+class RecordingEngine(SimEngine):
+    """The simulator, writing down each primitive that moves data — (operator, its participants:
+    the groups or W it ran over, bytes when the payload's size sets them) — beside the ledger's
+    transfers, so that the two can be compared."""
+
+    def __init__(self, n: int):
+        super().__init__(n)
+        self.moved: list[tuple[str, object, float | None]] = []
+        self.recorded: list[Transfer] = []
+        record = self.comm.record
+
+        def keep(transfer: Transfer) -> None:
+            self.recorded.append(transfer)
+            record(transfer)
+        self.comm.record = keep
+
+    def _groups_mean_(self, X, groups):
+        self.moved.append(("allreduce", groups, X.shape[1] * BYTES_PER_VALUE))
+        super()._groups_mean_(X, groups)
+
+    def _mixed(self, X, mixing):
+        self.moved.append(("gossip", mixing, X.shape[1] * BYTES_PER_VALUE))
+        return super()._mixed(X, mixing)
+
+    def _exchange(self, payload, mixing):
+        self.moved.append(("gossip", mixing, None))  # the wire size is the codec's, not the tensor's
+        return super()._exchange(payload, mixing)
+
+    def _all_gather(self, payload, size):
+        self.moved.append(("allgather", size, payload.shape[1]))
+        return super()._all_gather(payload, size)
+
+
+def ledger_difference(overrides: list[str]) -> tuple[str | None, int]:
+    """Train the run on a :class:`RecordingEngine`; (the first primitive the ledger does not hold
+    as it moved, or None; the number of primitives)."""
+    from .train import build_run, train
+
+    cfg = config(overrides)
+    engine = RecordingEngine(cfg.workers)
+    train(cfg, build_run(cfg, engine=engine))
+    recorded = [t for t in engine.recorded if t.level != METRICS]  # measurements move by other primitives
+    for k, (op, over, nbytes) in enumerate(engine.moved):
+        if k >= len(recorded):
+            return f"primitive {k} ({op}) moved data the ledger does not record", len(engine.moved)
+        t = recorded[k]
+        participants = t.mixing if op == "gossip" else t.groups.size if op == "allgather" else t.groups
+        if t.op != op or (participants is not over and participants != over) or \
+                (nbytes is not None and t.nbytes != nbytes):
+            return (f"primitive {k}: {op} of {nbytes} bytes moved, the ledger holds {t.op} of {t.nbytes} bytes",
+                    len(engine.moved))
+    if len(recorded) > len(engine.moved):
+        extra = recorded[len(engine.moved)]
+        return f"the ledger records a {extra.op} ({extra.level}) that no primitive moved", len(engine.moved)
+    return None, len(engine.moved)
+
+
+# ---------------------------------------------------------------- processes
+
+
+def process_differences(plugin: str | None, cases: dict[str, list[str]], procs: int = 2,
+                        timeout: float = 600) -> dict[str, tuple[str | None, float]]:
+    """Each case trained by the simulator here and on ``procs`` gloo processes (one launch for all);
+    {case: (what differs beyond 1e-10 — the worker matrix or the traffic counts — or None, max |ΔX|)}."""
+    from .train import build_run, train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        runs = dict(cases)
+        (root / "cases.json").write_text(json.dumps({"plugin": plugin, "cases": runs}))
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                               str(procs), "-m", "gossamer.testing", str(root)], capture_output=True, text=True,
+                              timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return {name: (f"the {procs}-process launch failed: {tail[:200]}", float("inf")) for name in cases}
+        results = {}
+        for name, overrides in runs.items():
+            cfg = config(overrides)
+            run = build_run(cfg)
+            train(cfg, run)
+            state = torch.load(root / name / "checkpoint.pt", weights_only=True)
+            delta = (state["rows"]["X"] - run.workers.X).abs().max().item()
+            comm = run.engine.comm.state_dict()
+            differs = "the worker matrix" if not delta <= PARITY else \
+                "the traffic counts" if state["comm"] != comm else None
+            results[name] = (differs, delta)
+        return results
+
+
+def _train_on_processes(root: Path) -> None:
+    """Under torchrun: every case of ROOT/cases.json with engine dist into ROOT/NAME."""
+    from .cli import main
+
+    spec = json.loads((root / "cases.json").read_text())
+    plugins.load([spec["plugin"]] if spec["plugin"] else [])
+    for name, overrides in spec["cases"].items():
+        plugin = ["--plugin", spec["plugin"]] if spec["plugin"] else []
+        sets = [a for o in [*SHORT, *_samples(overrides), *overrides, "engine=dist"] for a in ("--set", o)]
+        code = main(["train", "--quiet", *plugin, "--out", str(root / name), *sets])
+        if code:
+            sys.exit(code)
+
+
+def _samples(overrides: list[str]) -> list[str]:
+    try:
+        load_config(None, [*SHORT, MNIST1D_SAMPLES, *overrides])
+    except ConfigError:
+        return []
+    return [MNIST1D_SAMPLES]
+
+
+# ---------------------------------------------------------------- the kit
+
+
+def check_entry(kind: str, name: str) -> list[Check]:
+    """The in-process checks of one registered entry."""
+    entry = f"{kind} {name}"
+    overrides = overrides_for(kind, name)
+    where, delta = resume_difference(overrides, entry)
+    checks = [Check(entry, "resume", where is None, delta,
+                    "stopped before and after the boundaries, resumed: the straight run bit for bit" if where is None
+                    else f"differs in {where}")]
+    consensus = any(o.startswith("consensus.") for o in overrides)  # control decides from Ξ² every step: a read
+    read = None if consensus else host_read(overrides)
+    checks.append(Check(entry, "hot-path", None if consensus else read is None, None,
+                        "consensus control reads Ξ² by design" if consensus else
+                        "10 steps, nothing read back from the device" if read is None else read))
+    where, count = ledger_difference(overrides)
+    checks.append(Check(entry, "ledger", where is None, None,
+                        f"{count} primitives moved data, each in the ledger as it moved" if where is None else where))
+    checks.append(Check(entry, "hooks", None, None,
+                        "gossamer's synchronisers (LocalSGD, Gossip, DiLoCo) run their own algorithms, not a plugin's"
+                        if kind == "algorithm" else "not run by the kit: the synchronisers' parity is tested in "
+                                                    "gossamer's own suite, with its own entries"))
+    return checks
+
+
+def check_plugin(spec: str, processes: bool = True, out: Callable[[str], None] = lambda line: None) -> list[Check]:
+    """Import the plugin ``spec`` and run the kit on every entry it registers (``out``: each
+    check's line as it finishes)."""
+    record = plugins.load([spec])[0]
+    entries = plugins.registered(record)
+    if not entries:
+        raise ConfigError(f"plugin '{spec[:100]}' registers nothing (use the registries of gossamer.extend)")
+    checks = []
+    for kind, name in entries:
+        for check in check_entry(kind, name):
+            out(check.line())
+            checks.append(check)
+    if processes:
+        source = record.partition(plugins.HASH)[0]
+        cases = {f"{kind}-{name}": overrides_for(kind, name) for kind, name in entries}
+        for (kind, name), (case, (where, delta)) in zip(entries, process_differences(source, cases).items()):
+            check = Check(f"{kind} {name}", "processes", where is None, delta,
+                          "2 gloo processes give the simulator's run (1e-10) and its counts" if where is None
+                          else f"differs in {where}")
+            out(check.line())
+            checks.append(check)
+    return checks
+
+
+if __name__ == "__main__":  # under torchrun: python -m gossamer.testing ROOT
+    _train_on_processes(Path(sys.argv[1]))

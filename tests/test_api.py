@@ -1,0 +1,88 @@
+"""The Python API (gossamer.run, gossamer.load, gossamer.Data): a model and data given from Python
+train exactly as the registered ones; a run directory reads back as the run that wrote it."""
+
+import pytest
+import torch
+from cases import SHORT
+
+import gossamer
+from gossamer.config import load_config
+from gossamer.data import DATASETS, load_dataset
+from gossamer.models import MODELS, build_model
+from gossamer.registry import ConfigError
+
+CONFIG = {key: value for key, value in (o.split("=") for o in SHORT)}
+KEYS = {**{k: v for k, v in CONFIG.items() if k not in ("num_samples", "model")}, "algorithm": "gossip",
+        "topology": "ring", "workers": 4, "epochs": 2, "batch_size": 32, "lr": 0.05}
+
+
+def mnist1d():
+    cfg = load_config(None, SHORT)
+    data = load_dataset(cfg)
+    return cfg, data
+
+
+def test_a_model_and_tensors_given_from_python_train_as_the_registered_ones():
+    """The MLP and MNIST-1D given as an nn.Module factory and tensors: the registered run bit for bit."""
+    cfg, data = mnist1d()
+    registered = gossamer.run({**KEYS, "model": "mlp", "num_samples": 1000})
+    given = gossamer.run(KEYS, model=lambda: build_model(cfg, data),
+                         data=gossamer.Data(train=(data.x_train, data.y_train), test=(data.x_test, data.y_test)))
+    assert torch.equal(registered.x, given.x) and registered.rows == given.rows
+    assert given.config["model"] == given.config["dataset"] == "python"
+    assert given.x.shape == (4, sum(p.numel() for p in build_model(cfg, data).parameters()))
+    assert "python" not in MODELS and "python" not in DATASETS  # registered for the call only
+
+
+def test_a_torch_dataset_is_the_same_data_as_its_tensors():
+    _, data = mnist1d()
+    pairs = torch.utils.data.TensorDataset(data.x_train, data.y_train)
+    a = gossamer.Data(train=pairs, test=(data.x_test, data.y_test)).dataset()
+    b = gossamer.Data(train=(data.x_train, data.y_train), test=(data.x_test, data.y_test)).dataset()
+    assert torch.equal(a.x_train, b.x_train) and torch.equal(a.y_train, b.y_train) and a.num_classes == 10
+
+
+def test_a_run_directory_loads_as_the_run(tmp_path):
+    result = gossamer.run({**KEYS, "model": "mlp", "num_samples": 1000}, out=tmp_path / "run")
+    again = gossamer.load(tmp_path / "run")
+    straight = gossamer.run({**KEYS, "model": "mlp", "num_samples": 1000})
+    assert torch.equal(again.x, straight.x) and again.rows == straight.rows == result.rows
+    assert again.summary["steps"] == 12 and again.config["algorithm"] == "gossip" and again.path == tmp_path / "run"
+    with pytest.raises(ConfigError, match="is not empty"):  # nothing the user had is replaced
+        gossamer.run({**KEYS, "model": "mlp", "num_samples": 1000}, out=tmp_path / "run")
+
+
+def test_rows_as_a_data_frame_need_pandas(monkeypatch):
+    result = gossamer.Result({}, [{"step": 1, "loss": 2.0}], {}, torch.zeros(1, 1))
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(ImportError, match="pip install pandas"):
+            result.frame
+    else:
+        assert list(result.frame["loss"]) == [2.0]
+    monkeypatch.setitem(__import__("sys").modules, "pandas", None)  # not installed: one clear line
+    with pytest.raises(ImportError, match="Result.frame needs pandas: pip install pandas"):
+        result.frame
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"model": 3}, "model must be an nn.Module or a function that builds one, got int"),
+    ({"model": lambda: 3}, "model must build an nn.Module, got int"),
+    ({"data": (1, 2)}, "data must be a gossamer.Data, got tuple"),
+    ({"data": gossamer.Data(train=([[0.0]], [0.5]), test=([[0.0]], [1]))}, "Data train targets must be integer"),
+    ({"data": gossamer.Data(train=([[0.0]], [0]), test=([[0.0, 1.0]], [1]))}, "Data train and test inputs differ"),
+])
+def test_bad_arguments_are_one_line(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        gossamer.run({**KEYS, "model": "mlp"} if "data" in kwargs else KEYS, **kwargs)
+
+
+def test_a_model_named_in_the_config_and_given_is_refused():
+    with pytest.raises(ConfigError, match="model 'mlp' is set in the config and model= is given: give one"):
+        gossamer.run({**KEYS, "model": "mlp"}, model=torch.nn.Linear(40, 10))
+
+
+def test_the_dist_engine_is_refused():
+    with pytest.raises(ConfigError, match="gossamer.run trains on the simulator"):
+        gossamer.run({**KEYS, "model": "mlp", "engine": "dist"})

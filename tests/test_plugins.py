@@ -1,0 +1,200 @@
+"""Plugins (gossamer.plugins): a user's file or module registers entries before the config is read;
+the run records it with its hash; the conformance kit (gossamer.testing) checks its entries; the
+example plugins in examples/plugins/ pass it."""
+
+import importlib.metadata
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from cases import SHORT
+
+from gossamer import plugins
+from gossamer.algorithms import ALGORITHMS
+from gossamer.cli import main
+from gossamer.config import load_config
+from gossamer.registry import ConfigError
+from gossamer.testing import check_plugin, resume_difference
+from gossamer.topology import build_topology
+from gossamer.train import build_run, train
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "plugins"
+LOSSY = str(EXAMPLES / "lossy_gossip.py")
+MODEL = str(EXAMPLES / "my_model.py")
+
+# state that is not saved: the round counter of a schedule that draws a new pair every round
+BROKEN = '''
+from gossamer.extend import ALGORITHMS, Mixing, Schedule
+
+
+class ForgetfulPairs(Schedule):
+    def __init__(self, n):
+        self.n, self.rounds = n, 0
+
+    def after_step(self, engine, X, step):
+        shift = 1 + self.rounds % (self.n - 1)  # worker i averages with i + shift: changes every round
+        index = [[i for i in range(self.n)], [(i + shift) % self.n for i in range(self.n)]]
+        engine.gossip_(X, Mixing(index, [[0.5] * self.n, [0.5] * self.n]))
+        self.rounds += 1  # never in state_dict: a resumed run starts the pairs over
+        return {}
+
+
+@ALGORITHMS.register("forgetful-pairs", help="a broken plugin: its round counter is not saved")
+def build(cfg, ctx):
+    return ForgetfulPairs(cfg.workers)
+'''
+
+
+@pytest.fixture(scope="module")
+def lossy():
+    plugins.load([LOSSY])
+    return ALGORITHMS["lossy-gossip"]
+
+
+def test_no_loss_is_gossip_bit_for_bit(lossy):
+    runs = {}
+    for algorithm in ("gossip", "lossy-gossip"):
+        cfg = load_config(None, [*SHORT, f"algorithm={algorithm}", "topology=ring", "momentum=0.9",
+                                 *(["drop_rate=0"] if algorithm == "lossy-gossip" else [])])
+        run, rows = build_run(cfg), []
+        runs[algorithm] = (train(cfg, run, on_row=rows.append), rows, run.workers.X)
+    (s_g, rows_g, x_g), (s_l, rows_l, x_l) = runs["gossip"], runs["lossy-gossip"]
+    assert torch.equal(x_g, x_l) and rows_g == rows_l
+    assert {k: v for k, v in s_g.items() if k != "wall_seconds"} == {k: v for k, v in s_l.items() if k != "wall_seconds"}
+
+
+def test_a_lost_message_leaves_its_weight_with_the_receiver(lossy):
+    """Ring of 6, W = 1/3 on self and both neighbours; round r of the lossy graph against W written
+    out: where the coin lost j → i, w'_ij = 0 and w'_ii = 1/3 + 1/3 per lost message."""
+    module = sys.modules[ALGORITHMS["lossy-gossip"].build.__module__]
+    ring = build_topology("ring", 6)
+    graph = module.lossy(ring, 0.5, seed=7)
+    for r in range(3):
+        coins = plugins_stream(module, 7, r, ring.mixing(r).index.shape) < 0.5
+        W = np.zeros((6, 6))
+        for i in range(6):
+            W[i, i] = 1 / 3
+            for slot, j in ((1, (i - 1) % 6), (2, (i + 1) % 6)):
+                k = int(np.flatnonzero(ring.mixing(r).index[:, i] == j)[0])
+                W[i, j if not coins[k, i] else i] += 1 / 3
+        np.testing.assert_allclose(graph.mixing(r).dense(), W, rtol=0, atol=1e-15)
+        assert np.allclose(W.sum(1), 1)
+    assert any(not np.allclose(graph.mixing(r).dense().sum(0), 1) for r in range(3))  # x̄ moves
+
+
+def plugins_stream(module, seed, r, shape):
+    from gossamer.rng import host_stream
+    return host_stream(module.LOST, seed, r).random(shape)
+
+
+def test_lost_messages_are_not_priced(lossy):
+    cfg = load_config(None, [*SHORT, "algorithm=lossy-gossip", "topology=ring", "drop_rate=0.5"])
+    run = build_run(cfg)
+    summary = train(cfg, run)
+    full = 2 * run.workers.d * 4 * summary["steps"]  # a ring round: the model to both neighbours
+    assert 0.3 * full < summary["bytes_per_worker"] < 0.7 * full
+
+
+def test_the_plugin_runs_from_the_command_line_and_is_recorded(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["train", "--quiet", "--plugin", LOSSY, "--out", str(out), "--set", "algorithm=lossy-gossip",
+                 "--set", "drop_rate=0.3", *[a for o in SHORT for a in ("--set", o)]]) == 0
+    recorded = (out / "config.yaml").read_text()
+    assert f"{LOSSY}#sha256={plugins.fingerprint(LOSSY).partition('#sha256=')[2]}" in recorded
+    assert main(["train", "--resume", str(out), "--set", "epochs=3", "--quiet"]) == 0  # loads it again
+
+
+def test_resume_refuses_a_changed_or_missing_plugin(tmp_path, capsys):
+    plugin = tmp_path / "mine.py"
+    plugin.write_text(Path(LOSSY).read_text().replace('"lossy-gossip"', '"lossy-mine"'))
+    out = tmp_path / "run"
+    sets = [a for o in [*SHORT, "algorithm=lossy-mine", "epochs=1"] for a in ("--set", o)]
+    assert main(["train", "--quiet", "--plugin", str(plugin), "--out", str(out), *sets]) == 0
+    plugin.write_text(plugin.read_text() + "\n# edited\n")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(out), "--set", "epochs=2", "--quiet"]) == 2
+    assert f"plugin '{plugin}' changed since the run recorded it" in capsys.readouterr().err
+    plugin.unlink()
+    assert main(["train", "--resume", str(out), "--set", "epochs=2", "--quiet"]) == 2
+    assert f"plugin '{plugin}' does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("import no_such_module_here\n", "failed to import: ModuleNotFoundError: No module named 'no_such_module_here'"),
+    ("from gossamer.extend import ALGORITHMS\n@ALGORITHMS.register('gossip')\ndef b(cfg, ctx): pass\n",
+     "failed to import: ConfigError: algorithm 'gossip' is already registered; choose another name"),
+    ("from gossamer.extend import MODELS\n@MODELS.register('half-registered')\ndef b(cfg, data): pass\n1 / 0\n",
+     "failed to import: ZeroDivisionError: division by zero"),
+])
+def test_a_plugin_that_fails_is_one_line_and_changes_no_registry(tmp_path, capsys, text, message):
+    plugin = tmp_path / "bad.py"
+    plugin.write_text(text)
+    assert main(["train", "--plugin", str(plugin), "--help"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"gossamer: error: plugin '{plugin}' {message}\n"
+    from gossamer.models import MODELS
+    assert "half-registered" not in MODELS and ALGORITHMS["gossip"].build.__module__ == "gossamer.algorithms.gossip"
+
+
+def test_help_lists_plugin_entries(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--plugin", MODEL, "--help"])
+    assert "conv-mixer-1d" in capsys.readouterr().out
+
+
+def test_a_config_files_plugins_are_relative_to_it(tmp_path):
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    (folder / "model.py").write_text(Path(MODEL).read_text().replace('"conv-mixer-1d"', '"mixer-here"'))
+    (folder / "run.yaml").write_text("plugins: [model.py]\nmodel: mixer-here\n")
+    cfg = load_config(folder / "run.yaml")
+    assert cfg.plugins == [plugins.fingerprint(str(folder / "model.py"))] and cfg.model == "mixer-here"
+
+
+def test_installed_packages_announce_plugins_by_entry_point(tmp_path, monkeypatch):
+    (tmp_path / "announced_plugin.py").write_text(Path(MODEL).read_text().replace('"conv-mixer-1d"', '"announced"'))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = importlib.metadata.EntryPoint("mine", "announced_plugin", plugins.ENTRY_POINTS)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point] if group == plugins.ENTRY_POINTS else [])
+    cfg = load_config(None, ["model=announced"])
+    assert cfg.plugins == [plugins.fingerprint("announced_plugin")]
+
+
+def test_the_kit_passes_the_example_plugins():
+    """In process here; the 2-process parity of the same entries runs in the system tests."""
+    for plugin in (LOSSY, MODEL):
+        checks = check_plugin(plugin, processes=False)
+        assert {c.check for c in checks} == {"resume", "hot-path", "ledger", "hooks"}
+        assert all(c.passed in (True, None) for c in checks), [c.line() for c in checks]
+
+
+def test_the_kit_fails_a_plugin_whose_state_is_not_saved(tmp_path):
+    plugin = tmp_path / "broken.py"
+    plugin.write_text(BROKEN)
+    checks = {c.check: c for c in check_plugin(str(plugin), processes=False)}
+    assert checks["resume"].passed is False and checks["resume"].deviation > 0
+    assert checks["ledger"].passed and checks["hot-path"].passed
+    assert resume_difference(["algorithm=gossip"], "gossip")[0] is None  # the same check passes a built-in
+
+
+@pytest.mark.system
+def test_check_plugin_on_the_examples_with_two_processes():
+    for plugin in (LOSSY, MODEL):
+        done = subprocess.run([sys.executable, "-m", "gossamer", "check-plugin", plugin], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "PASS" in done.stdout and "processes" in done.stdout and "FAIL" not in done.stdout
+
+
+def test_bring_your_own_prints_both_runs(monkeypatch, capsys):
+    """examples/plugins/bring_your_own.py: the Python API on a user's module and tensors."""
+    monkeypatch.setattr(sys, "argv", ["bring_your_own.py", "--epochs", "1"])
+    runpy.run_path(str(EXAMPLES / "bring_your_own.py"), run_name="__main__")
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == ["All-Reduce", "ring"]
+    xi = [float(line.rsplit(" ", 1)[1]) for line in lines]
+    assert xi[0] < 1e-9 < xi[1]  # All-Reduce keeps the models equal (to float32 rounding); the ring does not
