@@ -7,8 +7,6 @@ groups, the DistEngine's messages — in one launch of 4 gloo processes (marked 
 import json
 import random
 import sys
-import threading
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -19,11 +17,11 @@ from launch import SMALL
 from conftest import SCRIPTS
 from gossamer.config import load_config
 from gossamer.engines.threads import ThreadedSim
+from gossamer.testing import PROCS, hook_of, in_threads
 
 sys.path.insert(0, str(SCRIPTS))
 import hooks  # noqa: E402  (the loop of tests/dist_scripts/hooks.py)
 
-PROCS = 4
 
 PARITY_CASES = [
     ("local", ["algorithm=local", "local_steps=3"], {"kind": "LocalSGD", "kwargs": {"local_steps": 3}}),
@@ -61,27 +59,6 @@ LAUNCHED = HOOK_PROCESS_CASES  # DDP, a DistEngine's messages: in the 4-process 
 CASES.update(LAUNCHED)
 
 
-def hook_of(overrides: list[str]) -> dict | None:
-    """The synchroniser (and its keyword options) that does what ``gossamer train`` does with these
-    overrides, or None where the algorithm has none."""
-    cfg = load_config(None, [*SHORT, *overrides])
-    if cfg.algorithm in ("local", "post-local", "hierarchical"):
-        kwargs = {"local_steps": cfg.local_steps, "compression": cfg.compression,
-                  **({"switch_step": cfg.switch_step} if cfg.algorithm == "post-local" else {}),
-                  **({"block_size": cfg.block_size, "block_rounds": cfg.block_rounds}
-                     if cfg.algorithm == "hierarchical" else {})}
-        return {"kind": "LocalSGD", "kwargs": kwargs}
-    if cfg.algorithm == "gossip":
-        return {"kind": "Gossip", "kwargs": {"topology": cfg.topology, "local_steps": cfg.local_steps,
-                                             "gossip_form": cfg.gossip_form, "phases": cfg.phases,
-                                             "phase_steps": cfg.phase_steps, "consensus": asdict(cfg.consensus)}}
-    if cfg.algorithm == "diloco":
-        return {"kind": "DiLoCo", "kwargs": {key: getattr(cfg, key) for key in (
-            "local_steps", "compression", "fragments", "fragment_delay", "fragment_alpha", "outer_topology",
-            "outer_gamma")}}
-    return None
-
-
 # DiLoCo's codecs share one path through the hook (the all-gather of the compressed
 # pseudo-gradients): a per-worker stochastic codec, a shared-seed one and SparseLoCo's chain with
 # error feedback cover it (the simulator's tests take every codec)
@@ -97,26 +74,6 @@ GENERATED = {name: (o, hook_of(o)) for name, o in {
 # in turn; every algorithm × codec × optimizer resumes in the simulator, tests/test_resume.py) and
 # DiLoCo's streaming and NoLoCo features (per-fragment residuals and outer state)
 RESUMED = [name for name in GENERATED if name in representatives() or name in ("diloco-streaming", "noloco")]
-
-
-def in_threads(work) -> list:
-    """``work(rank, engine)`` for every rank of PROCS, each in its own thread over one ThreadedSim."""
-    hub, results, errors = ThreadedSim(PROCS, timeout=120), [None] * PROCS, []
-
-    def run(rank):
-        try:
-            results[rank] = work(rank, hub.engine(rank))
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
-            errors.append(e)
-            hub.barrier.abort()
-    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(PROCS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        raise errors[0]
-    return results
 
 
 @pytest.mark.parametrize("name", list(THREADED) + list(GENERATED))

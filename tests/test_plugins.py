@@ -17,7 +17,6 @@ from gossamer import plugins
 from gossamer.algorithms import ALGORITHMS
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.registry import ConfigError
 from gossamer.testing import check_plugin, resume_difference
 from gossamer.topology import build_topology
 from gossamer.train import build_run, train
@@ -170,6 +169,7 @@ def test_the_kit_passes_the_example_plugins():
         checks = check_plugin(plugin, processes=False)
         assert {c.check for c in checks} == {"resume", "hot-path", "ledger", "hooks"}
         assert all(c.passed in (True, None) for c in checks), [c.line() for c in checks]
+        assert [c.passed for c in checks if c.check == "hooks"] == [None if plugin == LOSSY else True]
 
 
 def test_the_kit_fails_a_plugin_whose_state_is_not_saved(tmp_path):
@@ -198,3 +198,13 @@ def test_bring_your_own_prints_both_runs(monkeypatch, capsys):
     assert [line.split()[0] for line in lines] == ["All-Reduce", "ring"]
     xi = [float(line.rsplit(" ", 1)[1]) for line in lines]
     assert xi[0] < 1e-9 < xi[1]  # All-Reduce keeps the models equal (to float32 rounding); the ring does not
+
+
+def test_the_hooks_check_catches_a_synchroniser_that_does_something_else(monkeypatch):
+    import gossamer.testing as kit
+    right = kit.hook_of
+    assert kit.hook_difference(["algorithm=gossip", "topology=ring"]) == (None, 0.0)
+    monkeypatch.setattr(kit, "hook_of", lambda o: {**right(o), "kwargs": {**right(o)["kwargs"],
+                                                                          "topology": "one-peer-exponential"}})
+    where, delta = kit.hook_difference(["algorithm=gossip", "topology=ring"])
+    assert where == "a worker's parameters" and delta > 1e-3

@@ -12,9 +12,10 @@ gossip on it; a model or a data set as its example says) and checks:
   tensor → Python conversion);
 - ``ledger``: every communication primitive that moved data is in the traffic ledger, once, in
   order, with its payload's size — nothing assumed, nothing missed (:class:`RecordingEngine`);
-- ``hooks``: the threaded-engine parity of gossamer's synchronisers applies to the algorithms they
-  implement (LocalSGD, Gossip, DiLoCo), not to a plugin's: reported as not applicable (and not run
-  by the kit for a plugin's codec, topology, model or data set);
+- ``hooks``: the entry in a user's plain PyTorch loop with the synchroniser of gossamer.integrations
+  that runs the same algorithm (LocalSGD, Gossip, DiLoCo), 4 workers in threads over a
+  ThreadedSim, gives the simulator's parameters to 1e-10 and its traffic counts — for a codec,
+  topology, model or data set (a plugin's algorithm has no synchroniser: not applicable);
 - ``processes``: the same run on 2 real processes (engine dist, gloo) gives the simulator's
   worker matrix to 1e-10 and the same traffic counts (one launch for all of a plugin's entries).
 
@@ -33,7 +34,8 @@ import random
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+import threading
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -92,8 +94,9 @@ def overrides_for(kind: str, name: str) -> list[str]:
                 if _accepted(candidate):
                     return candidate
         raise ConfigError(f"compression '{spec}': no compressing algorithm takes it in a short run")
-    kind_keys = {"algorithm": [], "optimizer": ["algorithm=gossip", "topology=ring"],
-                 "topology": ["algorithm=gossip"], "model": [], "dataset": []}[kind]
+    gossip = ["algorithm=gossip", "topology=ring"]  # a synchroniser runs it too (the hooks' check)
+    kind_keys = {"algorithm": [], "optimizer": gossip, "topology": ["algorithm=gossip"], "model": gossip,
+                 "dataset": gossip}[kind]
     return [*kind_keys, f"{kind}={spec}", *example]
 
 
@@ -293,6 +296,133 @@ def ledger_difference(overrides: list[str]) -> tuple[str | None, int]:
     return None, len(engine.moved)
 
 
+# ---------------------------------------------------------------- hooks: a user's loop, one model per worker
+
+PROCS = 4  # the synchronisers' parity: 4 workers, one a thread (SHORT's workers)
+_SEEDED = threading.Lock()  # threads share torch's global generator: one seeded build at a time
+
+
+def hook_of(overrides: list[str]) -> dict | None:
+    """The synchroniser of gossamer.integrations (and its keyword options) that does what
+    ``gossamer train`` does with these overrides, or None where the algorithm has none."""
+    cfg = config(overrides)
+    if cfg.algorithm in ("local", "post-local", "hierarchical"):
+        kwargs = {"local_steps": cfg.local_steps, "compression": cfg.compression,
+                  **({"switch_step": cfg.switch_step} if cfg.algorithm == "post-local" else {}),
+                  **({"block_size": cfg.block_size, "block_rounds": cfg.block_rounds}
+                     if cfg.algorithm == "hierarchical" else {})}
+        return {"kind": "LocalSGD", "kwargs": kwargs}
+    if cfg.algorithm == "gossip":
+        return {"kind": "Gossip", "kwargs": {"topology": cfg.topology, "local_steps": cfg.local_steps,
+                                             "gossip_form": cfg.gossip_form, "phases": cfg.phases,
+                                             "phase_steps": cfg.phase_steps, "consensus": asdict(cfg.consensus)}}
+    if cfg.algorithm == "diloco":
+        return {"kind": "DiLoCo", "kwargs": {key: getattr(cfg, key) for key in (
+            "local_steps", "compression", "fragments", "fragment_delay", "fragment_alpha", "outer_topology",
+            "outer_gamma")}}
+    return None
+
+
+def hooked(cfg, data, hook: dict, seed: int | None = None, engine=None):
+    """(model, optimizer, synchroniser) as a user writes them, from the run's config (``engine``:
+    the synchroniser's engine; None: a DistEngine on the default group)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .integrations import DiLoCo, Gossip, LocalSGD
+    from .models import build_model
+
+    with _SEEDED:
+        torch.manual_seed(cfg.seed if seed is None else seed)
+        model = build_model(cfg, data).to(torch.float64)
+    if hook.get("ddp"):
+        model = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
+    kwargs = {**hook.get("kwargs", {}), **({"engine": engine} if engine is not None else {})}
+    if hook["kind"] == "DiLoCo":
+        outer = torch.optim.SGD(model.parameters(), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=True)
+        return model, optimizer, DiLoCo(model, optimizer, outer, **kwargs)
+    return model, optimizer, {"LocalSGD": LocalSGD, "Gossip": Gossip}[hook["kind"]](model, optimizer, **kwargs)
+
+
+def hooked_steps(cfg, data, model, optimizer, steps: range, rank: int) -> None:
+    """Steps ``steps`` of worker ``rank`` in a plain loop: the simulator's batches and learning rates."""
+    from .data.partition import iid_epoch_indices, steps_per_epoch
+    from .rng import host_stream
+    from .train import lr_at
+
+    S = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+    for t in steps:
+        epoch, s = divmod(t, S)
+        idx = iid_epoch_indices(len(data.y_train), cfg.workers, cfg.batch_size, epoch, cfg.seed)
+        x, y = data.train_batch(idx[s], range(rank, rank + 1), host_stream("augment", cfg.seed, t))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(cfg, t, S)
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(model(x[0]), y[0]).backward()
+        optimizer.step()
+
+
+def hooked_data(cfg):
+    """The run's data set in float64 (one thread at a time: it may write the cache)."""
+    from .data import load_dataset
+
+    with _SEEDED:
+        return load_dataset(cfg).to(torch.device("cpu"), torch.float64)
+
+
+def hooked_total_steps(cfg, data) -> int:
+    from .data.partition import steps_per_epoch
+
+    return cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+
+
+def in_threads(work: Callable, procs: int = PROCS) -> list:
+    """``work(rank, engine)`` for every rank, each in its own thread over one ThreadedSim."""
+    from .engines.threads import ThreadedSim
+
+    hub, results, errors = ThreadedSim(procs, timeout=120), [None] * procs, []
+
+    def run(rank):
+        try:
+            results[rank] = work(rank, hub.engine(rank))
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            errors.append(e)
+            hub.barrier.abort()
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(procs)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def hook_difference(overrides: list[str]) -> tuple[str | None, float]:
+    """The run's synchroniser in a plain loop, 4 workers in threads, against the simulator: (what
+    differs beyond 1e-10 — a worker's parameters or the traffic counts — or None; max |ΔX|)."""
+    from .train import build_run, train
+
+    hook = hook_of(overrides)
+    cfg = config(overrides)
+
+    def work(rank, engine):
+        data = hooked_data(cfg)
+        model, optimizer, sync = hooked(cfg, data, hook, engine=engine)
+        hooked_steps(cfg, data, model, optimizer, range(hooked_total_steps(cfg, data)), rank)
+        mine = sync.X[0].clone(), sync.comm.state_dict()
+        sync.close()
+        return mine
+    mine = in_threads(work)
+    run = build_run(cfg)
+    train(cfg, run)
+    delta = max((x - run.workers.X[rank]).abs().max().item() for rank, (x, _) in enumerate(mine))
+    keys = ("rounds", "bytes_per_worker", "rounds_by_level", "bytes_by_level")
+    comm = run.engine.comm.state_dict()
+    counts = all(c[key] == comm[key] for _, c in mine for key in keys)
+    return ("a worker's parameters" if not delta <= PARITY else None if counts else "the traffic counts"), delta
+
+
 # ---------------------------------------------------------------- processes
 
 
@@ -367,10 +497,14 @@ def check_entry(kind: str, name: str) -> list[Check]:
     where, count = ledger_difference(overrides)
     checks.append(Check(entry, "ledger", where is None, None,
                         f"{count} primitives moved data, each in the ledger as it moved" if where is None else where))
-    checks.append(Check(entry, "hooks", None, None,
-                        "gossamer's synchronisers (LocalSGD, Gossip, DiLoCo) run their own algorithms, not a plugin's"
-                        if kind == "algorithm" else "not run by the kit: the synchronisers' parity is tested in "
-                                                    "gossamer's own suite, with its own entries"))
+    if hook_of(overrides) is None:
+        checks.append(Check(entry, "hooks", None, None, "gossamer's synchronisers (LocalSGD, Gossip, DiLoCo) run "
+                                                        "their own algorithms, not this one"))
+    else:
+        where, delta = hook_difference(overrides)
+        checks.append(Check(entry, "hooks", where is None, delta,
+                            "the synchroniser in a plain loop (4 threads) gives the simulator's run and its counts"
+                            if where is None else f"differs in {where}"))
     return checks
 
 

@@ -17,66 +17,20 @@ wiring that needs real processes (DDP, process groups, a DistEngine's messages).
 """
 
 import json
-import threading
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from gossamer.config import load_config
-from gossamer.data import load_dataset
-from gossamer.data.partition import iid_epoch_indices, steps_per_epoch
-from gossamer.integrations import DiLoCo, Gossip, LocalSGD
-from gossamer.models import build_model
+from gossamer.integrations import LocalSGD
 from gossamer.registry import ConfigError
-from gossamer.rng import host_stream
-from gossamer.train import lr_at
+from gossamer.testing import hooked, hooked_data, hooked_steps, hooked_total_steps
 
-SYNCHRONIZERS = {"LocalSGD": LocalSGD, "Gossip": Gossip, "DiLoCo": DiLoCo}
-SEEDED = threading.Lock()  # threads share torch's global generator: one seeded build at a time
-
-
-def build(cfg, data, hook: dict, seed: int | None = None, engine=None):
-    """(model, optimizer, synchroniser) as a user would write them, from the run's config
-    (``engine``: the synchroniser's engine; None: a DistEngine on the default group)."""
-    with SEEDED:
-        torch.manual_seed(cfg.seed if seed is None else seed)
-        model = build_model(cfg, data).to(torch.float64)
-    if hook.get("ddp"):
-        model = DistributedDataParallel(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov)
-    kwargs = {**hook.get("kwargs", {}), **({"engine": engine} if engine is not None else {})}
-    if hook["kind"] == "DiLoCo":
-        outer = torch.optim.SGD(model.parameters(), lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=True)
-        return model, optimizer, DiLoCo(model, optimizer, outer, **kwargs)
-    return model, optimizer, SYNCHRONIZERS[hook["kind"]](model, optimizer, **kwargs)
-
-
-def train(cfg, data, model, optimizer, steps: range, rank: int) -> None:
-    """Steps ``steps`` of worker ``rank``: the simulator's batches and learning rates."""
-    S = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
-    for t in steps:
-        epoch, s = divmod(t, S)
-        idx = iid_epoch_indices(len(data.y_train), cfg.workers, cfg.batch_size, epoch, cfg.seed)
-        x, y = data.train_batch(idx[s], range(rank, rank + 1), host_stream("augment", cfg.seed, t))
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(cfg, t, S)
-        optimizer.zero_grad()
-        F.cross_entropy(model(x[0]), y[0]).backward()
-        optimizer.step()
-
-
-def load(cfg):
-    """The run's data set in float64 (one thread at a time: it may write the cache)."""
-    with SEEDED:
-        return load_dataset(cfg).to(torch.device("cpu"), torch.float64)
-
-
-def total_steps(cfg, data) -> int:
-    return cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
+# the user's loop: gossamer.testing's (the conformance kit runs it on a plugin's entries)
+build, train, load, total_steps = hooked, hooked_steps, hooked_data, hooked_total_steps
 
 
 def parity(out: Path, name: str, overrides: list[str], hook: dict, rank: int, engine=None) -> None:
