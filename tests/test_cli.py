@@ -77,7 +77,10 @@ def test_same_config_and_seed_give_identical_summaries(tmp_path, capsys):
                                      "the dataset's inputs of shape [1, 40] (classification)"),
     (["--set", "model=resnet20", "--set", "width=8"], "width does not apply to model 'resnet20'"),
     (["--set", "bn_eval=recompute"], "bn_eval applies to models with BatchNorm running statistics"),
-    (["--set", "logger=wandb"], "unknown logger 'wandb'; choose one of: none, csv, tensorboard"),
+    (["--set", "logger=comet"], "unknown logger 'comet'; choose one or a list of: none, csv, tensorboard, wandb, "
+                                "mlflow"),
+    (["--set", "logger=[csv,none]"], "logger none cannot be listed with others, got ['csv', 'none']"),
+    (["--set", "logger=[csv,csv]"], "logger must name each logger once, got ['csv', 'csv']"),
 ])
 def test_bad_options_exit_2_with_one_line(tmp_path, capsys, argv, fragment):
     out = tmp_path / "never"
@@ -194,12 +197,14 @@ def test_a_missing_optional_dependency_is_one_line_naming_the_install(tmp_path, 
     import importlib.util
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "tensorboard" else
-                        find_spec(name, *a))
-    code, _, err = run_cli(capsys, "train", *SMALL, "--set", "logger=tensorboard", "--out", str(tmp_path / "never"))
-    assert code == 2 and err.count("\n") == 1
-    assert "pip install 'gossamer[tensorboard]'" in err
-    assert not (tmp_path / "never").exists()
+    for logger in ("tensorboard", "wandb", "mlflow"):
+        monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == logger else
+                            find_spec(name, *a))
+        code, _, err = run_cli(capsys, "train", *SMALL, "--set", f"logger=[csv,{logger}]", "--out",
+                               str(tmp_path / "never"))
+        assert code == 2 and err.count("\n") == 1
+        assert f"logger {logger} needs the {logger} package: pip install 'gossamer[{logger}]'" in err
+        assert not (tmp_path / "never").exists()
 
 
 def test_version(capsys):

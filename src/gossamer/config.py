@@ -46,7 +46,9 @@ PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
 BN_EVALS = ("average", "recompute")
-LOGGERS = ("none", "csv", "tensorboard")  # besides metrics.jsonl: metrics.csv, or TensorBoard scalars
+# besides metrics.jsonl: metrics.csv, TensorBoard scalars, a Weights & Biases run, an MLflow run;
+# the optional package each needs (None: none)
+LOGGERS = {"none": None, "csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 # seeds: a step's batches are drawn with seed * 1_000_003 + step, and torch takes seeds below 2**64
 SEED_LIMIT = 2**44
 
@@ -93,7 +95,9 @@ class Config:
     eval_local: int | str = "all"
     checkpoint_every: float = 1.0  # epochs (fractions allowed); and always at the last step
     metrics_every: int = 1  # steps between metric rows (Ξ², loss, ...); evaluations always have one
-    logger: str = "none"  # every metric row also to metrics.csv (csv) or TensorBoard scalars (tensorboard)
+    # every metric row also to metrics.csv (csv), TensorBoard (tensorboard), Weights & Biases (wandb) or MLflow
+    # (mlflow, a file store in mlruns/); a list runs several
+    logger: str | list[str] = "none"
     sharpness: bool = False  # at each evaluation, the top Hessian eigenvalue of the training loss at x̄
     sharpness_samples: int | None = None  # the fixed training subset it is taken over (None: 1000, or all if fewer)
     sharpness_iterations: int = 20  # power iterations (Hessian-vector products)
@@ -142,9 +146,7 @@ class Config:
         _choice(self, "dtype", DTYPES)
         if self.bn_eval is not None:
             _choice(self, "bn_eval", BN_EVALS)
-        _choice(self, "logger", LOGGERS)
-        if self.logger == "tensorboard" and importlib.util.find_spec("tensorboard") is None:
-            raise ConfigError("logger tensorboard needs the tensorboard package: pip install 'gossamer[tensorboard]'")
+        self.logger = _loggers(self.logger)
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
         for name in ("weight_decay", "warmup_epochs"):
@@ -232,10 +234,28 @@ def _choice(cfg: Config, name: str, allowed: tuple[str, ...]) -> None:
         raise ConfigError(f"unknown {name} '{short(getattr(cfg, name))}'; choose one of: {', '.join(allowed)}")
 
 
+def _loggers(logger: str | list[str]) -> str | list[str]:
+    """``logger`` checked and in its canonical form: one name as a string, several as a list (in
+    the order given, each once, without ``none``); each one's package must be installed."""
+    names = [logger] if isinstance(logger, str) else list(logger)
+    for name in names:
+        if name not in LOGGERS:
+            raise ConfigError(f"unknown logger '{short(name)}'; choose one or a list of: {', '.join(LOGGERS)}")
+        if LOGGERS[name] and importlib.util.find_spec(LOGGERS[name]) is None:
+            raise ConfigError(f"logger {name} needs the {LOGGERS[name]} package: pip install 'gossamer[{name}]'")
+    if len(names) > 1 and "none" in names:
+        raise ConfigError(f"logger none cannot be listed with others, got {short(logger)}")
+    if not names or len(set(names)) != len(names):
+        raise ConfigError(f"logger must name each logger once, got {short(logger)}")
+    return names[0] if len(names) == 1 else names
+
+
 def _coerce(name: str, value: Any, annotation: str) -> Any:
     """Check a value against the field's type (from its annotation string) and convert ints to floats."""
     if value is None and "None" in annotation:
         return None
+    if annotation == "str | list[str]":  # a name or a list of names (logger)
+        return value if isinstance(value, str) else _coerce(name, value, "list[str]")
     if annotation.startswith("list[str]"):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{name} must be a list of names, got {short(value)}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import csv
 import errno
 import fcntl
 import json
@@ -19,11 +18,11 @@ import yaml
 
 from .config import Config, ConfigError, read_yaml
 from .checkpoint import FORMAT
+from .loggers import IN_PLACE, LOGGED, Loggers, logger_names
 from .registry import short
 
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", "checkpoint.pt")  # what every run writes
-LOGGED = {"none": (), "csv": ("metrics.csv",), "tensorboard": ("tensorboard",)}  # and what its logger writes
 MARKER = ".gossamer-run"  # in every run directory: the names its runs wrote (all --overwrite may replace)
 MARKER_HEAD = "written by gossamer: --overwrite may replace the run files listed below"
 LOCK = ".gossamer-lock"  # locked (flock) by the run that writes the directory
@@ -81,7 +80,7 @@ def written(path: Path) -> set[str]:
         logger = read_yaml(path / "config.yaml").get("logger", "none")
     except (ConfigError, AttributeError):
         logger = "none"
-    return {*RUN_FILES, "metrics.csv", *LOGGED.get(logger, ())}
+    return {*RUN_FILES, "metrics.csv", *(name for logged in logger_names(logger) for name in LOGGED.get(logged, ()))}
 
 
 def _write_marker(folder: Path, names) -> None:
@@ -196,7 +195,7 @@ class RunDir:
     checkpoint and evaluation. An OSError while writing (a full disk) is one line naming the file.
     """
 
-    def __init__(self, path: str | Path, overwrite: bool = False, logger: str = "none",
+    def __init__(self, path: str | Path, overwrite: bool = False, logger: str | list[str] = "none",
                  resume_step: int | None = None, lock: RunLock | None = None):
         self.path = Path(path)
         self.dir = self.path
@@ -209,8 +208,12 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         self._lock = lock or RunLock(self.path, self.option)
         try:
-            names = {*RUN_FILES, *LOGGED[logger]}
+            names = {*RUN_FILES, *(name for logged in logger_names(logger) for name in LOGGED[logged])}
             old = self._check(names, overwrite, resume_step)
+            staged = [name for name in logger_names(logger) if name in IN_PLACE] if old and resume_step is None else []
+            if staged:
+                raise ConfigError(f"logger {staged[0]} writes by absolute path while the run runs, so a run that "
+                                  f"replaces another (--overwrite) cannot use it: choose another --out")
             with self._os_errors("cannot write a run there"):
                 self._open(names, old, logger, resume_step)
         except BaseException:
@@ -246,7 +249,7 @@ class RunDir:
                               f"a run replaces only its own files: choose another folder")
         return old
 
-    def _open(self, names: set[str], old: set[str], logger: str, resume_step: int | None) -> None:
+    def _open(self, names: set[str], old: set[str], logger: str | list[str], resume_step: int | None) -> None:
         """The marker (the names this run writes), metrics.jsonl and the logger's files, in place
         or (a run to replace) in the staging folder."""
         self._replaced = old
@@ -258,7 +261,7 @@ class RunDir:
         if resume_step is not None:
             self._cut(metrics, resume_step)
         self._metrics = open(metrics, "a" if resume_step is not None else "w")
-        self._logger = make_logger(logger, self.dir, resume_step)
+        self._logger = Loggers(logger, self.dir, resume_step)
 
     def _cut(self, metrics: Path, step: int) -> None:
         """metrics.jsonl back to the rows up to ``step`` (the resumed run writes the rest again);
@@ -281,12 +284,12 @@ class RunDir:
         text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
         with self._os_errors("cannot write config.yaml"):
             write_atomic(self.dir / "config.yaml", lambda f: f.write(text.encode()))
+        self._logger.config(cfg.to_dict())
 
     def row(self, row: dict) -> None:
         with self._os_errors("cannot write metrics.jsonl"):
             self._metrics.write(json.dumps(row) + "\n")
-            if self._logger is not None:
-                self._logger.row(row)
+            self._logger.row(row)
             if any(k.startswith("test_") for k in row):  # an evaluation
                 self.flush()
 
@@ -309,8 +312,7 @@ class RunDir:
             with self._os_errors("cannot replace the old run's files"), _signals_deferred():
                 swap_in(self.path, self._replaced)
             self.dir = self.path  # open files (metrics, logger) moved with their directory entries
-            if self._logger is not None:
-                self._logger.moved(self.path)
+            self._logger.moved(self.path)
 
     @property
     def replacing(self) -> bool:
@@ -321,6 +323,7 @@ class RunDir:
         text = json.dumps(summary, indent=2) + "\n"
         with self._os_errors("cannot write summary.json"):
             write_atomic(self.dir / "summary.json", lambda f: f.write(text.encode()))
+        self._logger.summary(summary)
 
     def close(self) -> None:
         """Close the files (what a full disk kept from them is lost), remove a staged run that
@@ -335,87 +338,6 @@ class RunDir:
                     recover(self.path)
         finally:
             self._lock.release()
-
-
-def scalars(row: dict, prefix: str = "") -> dict[str, float]:
-    """The numbers of a metric row, nested sections flattened to ``section/key`` (the per-layer
-    Ξ²), booleans as 0/1; values that are not numbers (None) are left out."""
-    out = {}
-    for key, value in row.items():
-        if isinstance(value, dict):
-            out.update(scalars(value, f"{prefix}{key}/"))
-        elif isinstance(value, (int, float)):
-            out[prefix + key] = float(value)
-    return out
-
-
-class CSVLog:
-    """``metrics.csv``: one line per metric row, a column per scalar (a column that appears later,
-    such as the test accuracy at the first evaluation, rewrites the header; earlier rows leave it
-    empty). Resuming after ``resume_step`` keeps the rows up to that step."""
-
-    def __init__(self, folder: Path, resume_step: int | None = None):
-        self.path = folder / "metrics.csv"
-        old = self._read() if resume_step is not None else []
-        self.columns = list(old[0]) if old else []
-        self._write([r for r in old if float(r["step"]) <= resume_step] if old else [])
-
-    def _read(self) -> list[dict]:
-        if not self.path.exists():
-            return []
-        with open(self.path, newline="") as f:
-            return list(csv.DictReader(f))
-
-    def _write(self, rows: list[dict]) -> None:
-        self._file = open(self.path, "w", newline="")
-        self._writer = csv.DictWriter(self._file, self.columns)
-        if self.columns:
-            self._writer.writeheader()
-            self._writer.writerows(rows)
-
-    def row(self, row: dict) -> None:
-        values = scalars(row)
-        new = [k for k in values if k not in self.columns]
-        if new:
-            self._file.close()
-            old = self._read()
-            self.columns += new
-            self._write(old)
-        self._writer.writerow(values)
-
-    def moved(self, folder: Path) -> None:
-        """The file was moved (with its folder's run files) into ``folder``."""
-        self.path = folder / "metrics.csv"
-
-    def close(self) -> None:
-        self._file.close()
-
-
-class TensorBoardLog:
-    """TensorBoard scalars in ``tensorboard/``, one per metric at its row's step (``tensorboard
-    --logdir``). Resuming after ``resume_step`` purges the events written after it."""
-
-    def __init__(self, folder: Path, resume_step: int | None = None):
-        from torch.utils.tensorboard import SummaryWriter
-
-        self.writer = SummaryWriter(str(folder / "tensorboard"),
-                                    purge_step=None if resume_step is None else resume_step + 1)
-
-    def row(self, row: dict) -> None:
-        for tag, value in scalars(row).items():
-            if tag != "step":
-                self.writer.add_scalar(tag, value, row["step"])
-
-    def moved(self, folder: Path) -> None:
-        pass  # the writer's open event file moved with its folder
-
-    def close(self) -> None:
-        self.writer.close()
-
-
-def make_logger(name: str, folder: Path, resume_step: int | None = None) -> CSVLog | TensorBoardLog | None:
-    """The ``logger`` of a run directory: ``none``, ``csv`` or ``tensorboard``."""
-    return {"none": lambda *a: None, "csv": CSVLog, "tensorboard": TensorBoardLog}[name](folder, resume_step)
 
 
 def load_checkpoint(path: str | Path) -> dict:
