@@ -60,33 +60,33 @@ class Config:
     ``options`` holds, per concept of :data:`KINDS`, the options of the chosen entry; their keys
     read as attributes of the config (``cfg.local_steps``)."""
 
-    workers: int = 16
-    algorithm: str = "allreduce"
+    workers: int = 16  # n
+    algorithm: str = "allreduce"  # the communication schedule (its own keys below, under Algorithm)
     engine: str = "sim"  # "dist": torch.distributed processes under torchrun
-    device: str = "cpu"
-    grad_backend: str = "auto"
+    device: str = "cpu"  # cpu, cuda or auto
+    grad_backend: str = "auto"  # per-worker gradients: loop (a module per worker), vmap, or auto (by device, size and n)
     dtype: str = "float32"  # float64 for exactness studies
-    # optimisation
-    epochs: int = 40
+    # -- optimisation
+    epochs: int = 40  # the training length (schedules and milestones are in epochs)
     batch_size: int = 16  # per worker
-    lr: float = 0.1
+    lr: float = 0.1  # η: the per-worker peak learning rate
     lr_scaling: str = "none"  # "linear": peak lr = lr * workers
-    warmup_epochs: float = 0.0
+    warmup_epochs: float = 0.0  # linear warm-up from 0 to the peak rate
     milestones: list[float] = field(default_factory=list)  # epochs of lr *= lr_decay
-    lr_decay: float = 0.1
-    optimizer: str = "sgd"
+    lr_decay: float = 0.1  # the factor at each milestone
+    optimizer: str = "sgd"  # the local optimizer (its own keys below, under Optimizer)
     average_optimizer_state: bool = False  # average momenta/moments whenever parameters are averaged
-    weight_decay: float = 0.0
+    weight_decay: float = 0.0  # L2 (sgd, adam) or decoupled (adamw)
     decay_norm_and_bias: bool = False  # False: no weight decay on biases and norm layers
-    # data and model
-    dataset: str = "mnist1d"
-    partition: str = "iid"
-    dirichlet_alpha: float = 0.5
-    model: str = "cnn1d"
+    # -- data and model
+    dataset: str = "mnist1d"  # its own keys below, under Dataset
+    partition: str = "iid"  # iid, or dirichlet: each class split among the workers by Dirichlet(α) shares
+    dirichlet_alpha: float = 0.5  # α of partition dirichlet: small → each worker sees few classes
+    model: str = "cnn1d"  # its own keys below, under Model
     # BatchNorm statistics of the averaged model x̄ at evaluation: "average" (the mean of the workers')
     # or "recompute" (re-estimated with x̄ on training batches); None: "average" where the model has them
     bn_eval: str | None = None
-    seed: int = 0
+    seed: int = 0  # every random stream of the run (gossamer.rng) and the model's initialisation
     # a fraction of the training set held out (drawn from the seed) and evaluated as val_* beside the
     # test set; None (= 0): train on all of it, nothing held out
     validation_fraction: float | None = None
