@@ -328,6 +328,48 @@ def test_a_partial_last_metrics_line_is_cut_on_resume_with_a_warning(tmp_path, c
     assert rows(out) == rows(straight)
 
 
+@pytest.mark.parametrize("tail", ["\x00" * 300, "\x00" * 4096 + "\n", "\x00" * 10 + "\n" + "\x00" * 7 + "\n"])
+def test_a_nul_filled_last_metrics_line_is_cut_on_resume_with_a_warning(tmp_path, capsys, monkeypatch, tail):
+    """What a crash of the file system (not of the process) leaves: blocks of NULs, with or without newlines."""
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    assert train(straight) == 0
+    with monkeypatch.context() as m:
+        stop_with(signal.SIGTERM, 5, m)
+        assert train(out) == 143
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write(tail)
+    capsys.readouterr()
+    assert resume(out) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gossamer: warning:") and "partial line" in err
+    assert rows(out) == rows(straight)
+
+
+def test_resume_if_exists_on_a_finished_run_reports_it_and_exits_0(tmp_path, capsys, finished):
+    """A requeued job of a completed run succeeds without training; with a larger epochs it continues."""
+    out = copy_run(finished, tmp_path / "run")
+    before = files(out)
+    capsys.readouterr()
+    assert train(out, flags=("--resume-if-exists",)) == 0
+    printed, err = capsys.readouterr()
+    assert "finished (12 of 12 steps)" in err and "nothing to do" in err and f"run written to {out}" in printed
+    assert files(out) == before
+    assert train(out, "epochs=2", flags=("--resume-if-exists",)) == 0
+    assert summary(out)["steps"] == 2 * S
+    assert resume(out, "epochs=2") == 2  # an explicit --resume of a finished run still says so
+
+
+@pytest.mark.parametrize("left", [[report.MARKER], [report.MARKER, "metrics.jsonl"], [report.MARKER, "config.yaml"]])
+def test_resume_if_exists_starts_in_a_folder_holding_only_a_runs_start_up_files(tmp_path, finished, left):
+    """A process killed right after writing its first files (no checkpoint): every restart starts there."""
+    out = tmp_path / "run"
+    out.mkdir()
+    for name in left:
+        shutil.copy(finished / name, out / name) if name != "metrics.jsonl" else (out / name).write_text("")
+    assert train(out, flags=("--resume-if-exists",)) == 0
+    assert rows(out) == rows(finished)
+
+
 @pytest.mark.parametrize("size", [0, 1000, "half"])
 def test_an_empty_or_truncated_checkpoint_is_one_line_naming_it(tmp_path, capsys, finished, size):
     out = copy_run(finished, tmp_path / "run")

@@ -23,7 +23,7 @@ from .checkpoint import check_checkpoint, check_resumable, restore
 from .codecs import CODECS
 from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
 from .network import PRESETS, NetworkConfig
-from .report import (AXES, COMPARED, RunDir, RunLock, axis_table, comparison_table, load_checkpoint, plot_runs,
+from .report import (AXES, COMPARED, MARKER, RunDir, RunLock, axis_table, comparison_table, load_checkpoint, plot_runs,
                      read_rows, read_summary, reference_trajectory, saved_config)
 from .repro import SCALES, SUITES, run_suite
 from .topology import DECAY, SAMPLE_ROUNDS, TOPOLOGIES, analyse, build_topology
@@ -75,6 +75,10 @@ class Stopped(Exception):
         self.code = 128 + signum
 
 
+class Finished(ConfigError):
+    """The run to resume has taken all its steps (and written its summary)."""
+
+
 @contextlib.contextmanager
 def _stop_on_signals():
     """Within the block, SIGINT and SIGTERM only record themselves (in ``received``): the loop
@@ -119,8 +123,8 @@ def _resumed_state(cfg, run, out: Path) -> dict:
     check_checkpoint(cfg.to_dict(), state["config"], str(out))
     step, total = state["step"], cfg.epochs * run.steps_per_epoch
     if step > total or step == total and _summary_steps(out) == step:
-        raise ConfigError(f"the run is finished ({step} of {total} steps); to train longer, resume with a "
-                          f"larger epochs")
+        raise Finished(f"the run is finished ({step} of {total} steps); to train longer, resume with a "
+                       f"larger epochs")
     return state
 
 
@@ -251,10 +255,16 @@ def cmd_train(args) -> int:
     try:
         cfg = _resumed_config(args, resume) if resume else load_config(args.config, args.set, plugin=args.plugin)
         out = Path(resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
-        # a restart that finds the folder its killed first attempt left before any checkpoint starts over there
-        restart = args.resume_if_exists and not resume and (out / "config.yaml").is_file()
+        # a restart that finds the folder its killed first attempt left before any checkpoint (its marker,
+        # config.yaml, metrics.jsonl) starts over there
+        restart = args.resume_if_exists and not resume and ((out / MARKER).is_file() or (out / "config.yaml").is_file())
         summary = run_training(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
                                lock=lock)
+    except Finished as e:
+        if not args.resume_if_exists:
+            raise
+        summary = read_summary(out)  # a relaunched job of a finished run: nothing to do, and no failure
+        print(f"{e} — nothing to do", file=sys.stderr)
     finally:
         if lock:
             lock.release()

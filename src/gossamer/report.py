@@ -267,6 +267,8 @@ class RunDir:
         """metrics.jsonl back to the rows up to ``step`` (the resumed run writes the rest again);
         a partial last line (a crash while it was written) is cut with a warning."""
         lines = metrics.read_text(errors="replace").split("\n")
+        while len(lines) > 1 and lines[-2] and not lines[-2].strip("\x00"):  # a NUL-filled line: a crash's
+            lines[-1] = lines.pop(-2) + lines[-1]                              # blocks, taken as a partial one
         if lines[-1]:
             warn(f"{short(metrics)} ends in a partial line (a crash while it was written): cut it")
         kept = []
