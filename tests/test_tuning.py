@@ -161,3 +161,18 @@ def test_bad_repro_seed_and_tune_options_are_refused(capsys):
     err = capsys.readouterr().err.splitlines()
     assert [line.split(":")[2].strip().split(" ")[0] for line in err] == ["--first-seed", "--tune", "--tune", "--tune"]
     assert load_config(None, ["validation_fraction=0.5"]).validation_fraction == 0.5
+
+
+def test_a_second_tune_and_a_validation_fraction_of_0_are_refused_not_ignored(capsys):
+    """Issue 34: a second --tune was dropped silently, and --set validation_fraction=0 replaced by 0.1."""
+    assert main(["repro", "ring-scaling", "--quick", "--dry-run", "--tune", "lr=[0.1,0.2]",
+                 "--tune", "momentum=[0.8,0.9]"]) == 2
+    assert capsys.readouterr().err == ("gossamer: error: --tune is given 2 times (lr and momentum): one key is tuned "
+                                       "at a time; tune one, then give the value chosen with --set\n")
+    assert main(["repro", "ring-scaling", "--quick", "--dry-run", "--tune", "lr=[0.1,0.2]",
+                 "--set", "validation_fraction=0"]) == 2
+    assert capsys.readouterr().err == ("gossamer: error: --tune lr: validation_fraction 0 holds nothing out, and "
+                                       "tuning reads only the validation split: give a fraction in (0, 1), or leave "
+                                       "it unset (0.1)\n")
+    assert main(["repro", "ring-scaling", "--quick", "--dry-run", "--tune", "lr=[0.1,0.2]",
+                 "--set", "validation_fraction=0.2"]) == 0

@@ -22,6 +22,7 @@ from . import __version__, plugins
 from .checkpoint import check_checkpoint, check_resumable, restore
 from .codecs import CODECS
 from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
+from .registry import short
 from .network import PRESETS, NetworkConfig
 from .report import (AXES, COMPARED, MARKER, RunDir, RunLock, axis_table, comparison_table, load_checkpoint, plot_runs,
                      read_rows, read_summary, reference_trajectory, saved_config)
@@ -401,13 +402,17 @@ def cmd_repro(args) -> int:
         raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
     if not 0 <= args.first_seed <= SEED_LIMIT - args.seeds:
         raise ConfigError(f"--first-seed must be an integer in [0, 2**44 - seeds], got {args.first_seed}")
+    if len(args.tune) > 1:
+        keys = " and ".join(t.partition("=")[0] for t in args.tune)
+        raise ConfigError(f"--tune is given {len(args.tune)} times ({short(keys)}): one key is tuned at a time; tune "
+                          f"one, then give the value chosen with --set")
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite and not args.dry_run:
         raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
     results = run_suite(args.suite, out, args.seeds, args.quick,
                         lambda cfg, run_out: run_training(cfg, run_out, overwrite=True, progress=False),
                         overrides=args.set, scale=args.scale, dry_run=args.dry_run, first_seed=args.first_seed,
-                        tune_grid=args.tune)
+                        tune_grid=args.tune[0] if args.tune else None)
     if results is None:
         return 0
     print(results.read_text())
@@ -509,7 +514,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--seeds", type=int, default=1,
                    help="seeds per variant (mean ± 95%% Student t interval over them; paired differences)")
     r.add_argument("--first-seed", type=int, default=0, metavar="S", help="run seeds S ... S+SEEDS-1 (default 0)")
-    r.add_argument("--tune", metavar="KEY=[V1,...]",
+    r.add_argument("--tune", metavar="KEY=[V1,...]", action="append", default=[],
                    help="first train each baseline at every value on a validation split of the training set, then "
                         "run every variant at its baseline's best (e.g. lr=[0.001,0.0025,0.005])")
     r.add_argument("--out", type=_path,

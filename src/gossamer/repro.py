@@ -564,10 +564,13 @@ class Tuned:
 
 def tuning_overrides(suite: Suite, v: Variant, key: str, value) -> list[str]:
     """The overrides of a tuning run of baseline ``v`` at ``key`` = ``value``: its validation split
-    (the base config's validation_fraction, or TUNE_VALIDATION where that is 0), no local models
+    (the base config's validation_fraction, or TUNE_VALIDATION where it is unset; 0 is refused), no local models
     evaluated (tuning reads only x̄'s val_* metrics)."""
-    fraction = suite.config(v).validation_fraction or TUNE_VALIDATION
-    return [f"{key}={value}", f"validation_fraction={fraction}", "eval_local=none"]
+    fraction = suite.config(v).validation_fraction
+    if fraction == 0:
+        raise ConfigError(f"validation_fraction 0 holds nothing out, and tuning reads only the validation split: "
+                          f"give a fraction in (0, 1), or leave it unset ({TUNE_VALIDATION})")
+    return [f"{key}={value}", f"validation_fraction={fraction or TUNE_VALIDATION}", "eval_local=none"]
 
 
 def tune(suite: Suite, key: str, grid: list, seeds: range, out: Path, train_run: Callable, log=print
