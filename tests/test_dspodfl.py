@@ -106,7 +106,7 @@ def test_bytes_and_waits_follow_the_links_used_and_compute_is_charged_to_who_com
 @pytest.mark.parametrize("overrides, fragment", [
     (["dspodfl_compute=0"], "dspodfl_compute must be a probability in (0, 1]"),
     (["dspodfl_edge=1.5"], "dspodfl_edge must be a probability in [0, 1]"),
-    (["topology=one-peer-exponential"], "uses a link for both ends or for neither"),
+    (["topology=one-peer-exponential"], "dspodfl_edge < 1 (a link used for both ends or for neither)"),
 ])
 def test_bad_dspodfl_options_are_one_line(capsys, tmp_path, overrides, fragment):
     argv = ["train", "--quiet", "--out", str(tmp_path / "never"), *sets(*SHORT, "algorithm=dspodfl", *overrides)]

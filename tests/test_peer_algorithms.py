@@ -272,3 +272,18 @@ def test_push_sum_needs_every_node_to_send(tmp_path, capsys):
     assert main(["train", *sets, "--quiet", "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "node 2 has no out-edge" in err
+
+
+@pytest.mark.parametrize("overrides, option, who", [
+    (["algorithm=ad-psgd", "topology=directed-exponential"], "topology", "algorithm ad-psgd"),
+    (["algorithm=diloco", "outer_topology=directed-exponential"], "outer_topology", "NoLoCo's outer gossip"),
+    (["algorithm=dspodfl", "topology=directed-exponential", "dspodfl_edge=0.5"], "topology", "dspodfl_edge < 1"),
+])
+def test_algorithms_that_use_a_link_for_both_ends_refuse_directed_graphs(tmp_path, capsys, overrides, option, who):
+    """directed-exponential's W is doubly stochastic (a circulant) but not symmetric: i reads i − 2^k,
+    which does not read i. Issue 34: AD-PSGD and NoLoCo ran on it, documented as refused."""
+    sets = [a for o in ["workers=8", "epochs=1", *overrides] for a in ("--set", o)]
+    assert main(["train", *sets, "--quiet", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{option} 'directed-exponential' has rounds in which a worker reads one" in err
+    assert who in err and not (tmp_path / "run").exists()

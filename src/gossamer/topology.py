@@ -279,6 +279,18 @@ def drop_slots(mixing: Mixing, dropped: np.ndarray) -> Mixing:
     return Mixing(mixing.index, weight)
 
 
+def require_undirected(topology: Topology, option: str, who: str) -> None:
+    """Refuse, in one line, a topology with a round whose W is not symmetric (a worker reads one
+    that does not read it: directed-exponential, an edge list with ``->``), for ``who`` (an
+    algorithm that uses each link for both ends) — a random topology by its sampled rounds."""
+    for mixing in topology.mixings:
+        w = mixing.sparse()
+        if abs(w - w.T).max() > 1e-12:
+            raise TopologyError(f"{option} '{short(topology.name)}' has rounds in which a worker reads one that does "
+                                f"not read it (a directed graph): {who} uses each link for both ends; use an "
+                                f"undirected graph (ring, torus, exponential, random-matching, ...)")
+
+
 def keep_living(mixing: Mixing, alive: np.ndarray) -> Mixing:
     """W among the ``alive`` workers (bool [n]) by local repair: every link to or from a gone
     worker is dropped (:func:`drop_slots`): a gone worker's row is e_i and no living worker reads

@@ -38,7 +38,7 @@ import torch
 from ..engines.ledger import BYTES_PER_VALUE
 from ..registry import ConfigError
 from ..rng import host_stream
-from ..topology import Mixing, Topology
+from ..topology import Mixing, Topology, require_undirected
 from .gossip import GraphOptions, build_graph
 from .schedule import ALGORITHMS, Context, Schedule, StepIO, Stepped, begin_step
 
@@ -173,4 +173,6 @@ class ADPSGDOptions(GraphOptions):
                      help="asynchronous decentralized SGD: pairwise averages with one random neighbour on each "
                           "worker's own clock (Lian et al. 2018)")
 def _ad_psgd(cfg, ctx: Context) -> ADPSGD:
-    return ADPSGD(build_graph(cfg), cfg.seed, Timing.of(ctx.clock, ctx.X.shape[1] * BYTES_PER_VALUE))
+    topology = build_graph(cfg)
+    require_undirected(topology, "topology", "algorithm ad-psgd (a pairwise average changes both ends)")
+    return ADPSGD(topology, cfg.seed, Timing.of(ctx.clock, ctx.X.shape[1] * BYTES_PER_VALUE))
