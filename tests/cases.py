@@ -112,9 +112,11 @@ def _combinations(optimizers: bool) -> dict[str, list[str]]:
         compresses = "compression" in algorithm.keys
         for codec in codecs() if compresses else ["none"]:
             for optimizer in OPTIMIZERS.entries.values() if optimizers and codec == "none" else [OPTIMIZERS["sgd"]]:
+                required = algorithm.traits.get("requires", {})  # what the algorithm sets (DeMo's momentum 0)
                 overrides = [f"algorithm={algorithm.name}",
                              *([f"compression={codec}"] if codec != "none" else []),
-                             f"optimizer={optimizer.name}", *optimizer.example, *algorithm.example]
+                             f"optimizer={optimizer.name}",
+                             *(o for o in optimizer.example if o.partition("=")[0] not in required), *algorithm.example]
                 if _valid(overrides):
                     cases["-".join([algorithm.name, codec, optimizer.name])] = overrides
     return cases

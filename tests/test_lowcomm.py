@@ -14,7 +14,7 @@ from gossamer.algorithms.diloco import DiLoCo, OuterSGD, fragment_columns
 from gossamer.algorithms.sparta import Sparta
 from gossamer.cli import main
 from gossamer.codecs import RandomK, build_compressor, check_spec
-from gossamer.config import ConfigError
+from gossamer.config import ConfigError, load_config
 from gossamer.engines.ledger import allreduce_bytes
 from gossamer.rng import host_stream
 from gossamer.topology import build_topology
@@ -259,13 +259,23 @@ def test_decoupled_momentum_matches_its_update_rule():
 
 
 def test_decoupled_momentum_all_gathers_k_values_and_indices_per_chunk_every_step():
-    cfg = ["algorithm=decoupled-momentum", "momentum=0", "nesterov=false", "demo_chunk=8", "demo_topk=2"]
+    cfg = ["algorithm=decoupled-momentum", "demo_chunk=8", "demo_topk=2"]
     sizes = [chunk_size(n, 8) for n in (125, 25, 1875, 25, 1875, 25, 1250, 10)]
     nbytes = 8 * sum(n // s * min(2, s) for n, s in zip((125, 25, 1875, 25, 1875, 25, 1250, 10), sizes))
     assert record(*cfg, steps=2) == [(t, "all_gather", nbytes, None) for t in (0, 1)]
 
 
 # ---------------------------------------------------------------- refusals
+
+
+def test_an_algorithm_sets_the_values_it_requires_unless_the_user_gave_others():
+    """Issue 34: DeMo with the default momentum 0.9 was refused until the user set momentum=0 and
+    nesterov=false by hand; now the algorithm sets them, and config.yaml records them."""
+    cfg = load_config(None, ["algorithm=decoupled-momentum"])
+    assert (cfg.optimizer, cfg.momentum, cfg.nesterov, cfg.average_optimizer_state) == ("sgd", 0.0, False, False)
+    assert cfg.to_dict()["momentum"] == 0.0
+    explicit = load_config(None, ["algorithm=decoupled-momentum", "momentum=0", "nesterov=false"])
+    assert explicit.to_dict() == cfg.to_dict()  # the same values given by hand are accepted
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -275,7 +285,9 @@ def test_decoupled_momentum_all_gathers_k_values_and_indices_per_chunk_every_ste
     (["algorithm=diloco", "outer_gamma=0.5"], "outer_gamma applies only with an outer_topology"),
     (["algorithm=diloco", "outer_topology=ring", "compression=sign"], "outer_topology .NoLoCo. needs compression: none"),
     (["algorithm=sparta", "sparta_fraction=0"], r"sparta_fraction must be in \(0, 1\]"),
-    (["algorithm=decoupled-momentum"], "needs optimizer sgd with momentum=0"),
+    (["algorithm=decoupled-momentum", "momentum=0.9"], r"algorithm decoupled-momentum sets momentum to 0.0 \(it keeps "
+                                                         r"its own momentum, demo_beta, .*\): drop momentum=0.9"),
+    (["algorithm=decoupled-momentum", "optimizer=adam"], "algorithm decoupled-momentum sets optimizer to sgd"),
     (["algorithm=allreduce", "sparta_fraction=0.1"], "sparta_fraction does not apply to algorithm 'allreduce'"),
     (["algorithm=local", "fragments=2"], "fragments does not apply to algorithm 'local'"),
 ])

@@ -358,7 +358,7 @@ def from_dict(values: dict[str, Any]) -> Config:
     entry chosen for its concept; unknown keys and keys of entries not chosen are refused."""
     if not isinstance(values, dict):
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(values).__name__}")
-    values = _with_plugins(values)
+    values = _with_required(_with_plugins(values))
     general = {f.name: f for f in _fields(Config)}
     chosen = {kind: registry[_coerce(kind, values.get(kind, general[kind].default), "str")]
               for kind, registry in KINDS.items()}
@@ -375,6 +375,21 @@ def from_dict(values: dict[str, Any]) -> Config:
     cfg = _build(Config, top)
     cfg.options = {kind: _build(entry.options, routed[kind]) for kind, entry in chosen.items()}
     return cfg.validate()
+
+
+def _with_required(values: dict[str, Any]) -> dict[str, Any]:
+    """The values the chosen algorithm requires of other keys (its entry's ``requires`` trait, e.g.
+    DeMo's momentum 0) set where the user left them unset; a value the user gave otherwise is
+    refused, naming it."""
+    algorithm = values.get("algorithm", Config.algorithm)
+    if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
+        return values  # refused below, naming the choices
+    required = ALGORITHMS[algorithm].traits.get("requires", {})
+    for key, value in required.items():
+        if key in values and values[key] != value:
+            raise ConfigError(f"algorithm {algorithm} sets {key} to {str(value).lower()} "
+                              f"({ALGORITHMS[algorithm].traits['requires_why']}): drop {key}={short(values[key])}")
+    return {**values, **required}
 
 
 def _with_plugins(values: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,8 @@ event-driven simulation on the per-worker clocks of :mod:`gossamer.network`.
 Every worker i repeats, on its own clock: take the model x̂_i = x_i, compute a stochastic
 gradient g_i = ∇F_i(x̂_i; ξ_i) (its k-th batch), then, atomically with one neighbour j drawn
 uniformly from i's neighbours in W_k (the topology's round k = i's gradient count), average
-x_i, x_j ← (x_i + x_j)/2, and apply x_i ← x_i − η g_i: the gradient of the stale model x̂_i
+x_i, x_j ← (x_i + x_j)/2 (symmetric whoever picks whom, so a doubly stochastic directed graph
+such as directed-exponential runs too: it only sets which peers i draws from), and apply x_i ← x_i − η g_i: the gradient of the stale model x̂_i
 to the averaged one (the paper's Algorithm 1). j is passive: its own computation runs on.
 
 **Events.** Worker i's k-th gradient takes c·s_i·ε_i(k) (``compute_ms``, ``slow_workers``,
@@ -38,7 +39,7 @@ import torch
 from ..engines.ledger import BYTES_PER_VALUE
 from ..registry import ConfigError
 from ..rng import host_stream
-from ..topology import Mixing, Topology, require_undirected
+from ..topology import Mixing, Topology
 from .gossip import GraphOptions, build_graph
 from .schedule import ALGORITHMS, Context, Schedule, StepIO, Stepped, begin_step
 
@@ -173,6 +174,4 @@ class ADPSGDOptions(GraphOptions):
                      help="asynchronous decentralized SGD: pairwise averages with one random neighbour on each "
                           "worker's own clock (Lian et al. 2018)")
 def _ad_psgd(cfg, ctx: Context) -> ADPSGD:
-    topology = build_graph(cfg)
-    require_undirected(topology, "topology", "algorithm ad-psgd (a pairwise average changes both ends)")
-    return ADPSGD(topology, cfg.seed, Timing.of(ctx.clock, ctx.X.shape[1] * BYTES_PER_VALUE))
+    return ADPSGD(build_graph(cfg), cfg.seed, Timing.of(ctx.clock, ctx.X.shape[1] * BYTES_PER_VALUE))

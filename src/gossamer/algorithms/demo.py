@@ -104,13 +104,11 @@ class DecoupledMomentumOptions:
         positive_ints(self, "demo_chunk", "demo_topk")
         if not 0 <= self.demo_beta < 1:
             raise ConfigError(f"demo_beta must be in [0, 1), got {self.demo_beta}")
-        if cfg.optimizer != "sgd" or cfg.momentum != 0 or cfg.average_optimizer_state:
-            raise ConfigError("algorithm decoupled-momentum keeps its own momentum (demo_beta) and steps with "
-                              "sign(Q): it needs optimizer sgd with momentum=0, nesterov=false")
 
 
-@ALGORITHMS.register("decoupled-momentum", options=DecoupledMomentumOptions,
-                     example=("momentum=0", "nesterov=false", "demo_chunk=8", "demo_topk=2"),
+@ALGORITHMS.register("decoupled-momentum", options=DecoupledMomentumOptions, example=("demo_chunk=8", "demo_topk=2"),
+                     requires={"optimizer": "sgd", "momentum": 0.0, "nesterov": False, "average_optimizer_state": False},
+                     requires_why="it keeps its own momentum, demo_beta, and steps with sign(Q)",
                      help="DeMo: local momentum, top-k DCT components per chunk all-gathered, sign step (Peng et al.)")
 def _decoupled_momentum(cfg, ctx: Context) -> DecoupledMomentum:
     sizes = [chunk_size(n, cfg.demo_chunk) for n in ctx.numels]

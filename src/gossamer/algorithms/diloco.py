@@ -21,7 +21,7 @@ from ..codecs import Compressor, build_compressor, check_spec
 from ..faults import REJOIN_MODES
 from ..optim import SGD
 from ..registry import ConfigError, positive_ints
-from ..topology import TOPOLOGIES, Topology, build_topology, require_undirected
+from ..topology import TOPOLOGIES, Topology, build_topology
 from .peer import gossip_together
 from .schedule import ALGORITHMS, Context, Schedule, Step
 
@@ -223,8 +223,9 @@ def _diloco(cfg, ctx: Context) -> DiLoCo:
         [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed)
          for cols in fragments]
     topology = None if cfg.outer_topology == "none" else build_topology(cfg.outer_topology, cfg.workers, cfg.seed)
-    if topology is not None:
-        require_undirected(topology, "outer_topology", "NoLoCo's outer gossip")
+    if topology is not None and not topology.doubly_stochastic:  # x̄ would drift
+        raise ConfigError(f"outer_topology '{cfg.outer_topology[:100]}' is only column stochastic: NoLoCo needs a "
+                          f"doubly stochastic one (undirected, or directed with equal in- and out-degrees)")
     return DiLoCo(cfg.local_steps, outers, ctx.buffer_rows, fragments, compressors, cfg.fragment_delay,
                   cfg.fragment_alpha, topology, cfg.outer_gamma)
 
