@@ -534,28 +534,12 @@ CONFIDENCE = 0.95  # the level of every interval over seeds in the repro tables
 
 
 def t_quantile(q: float, df: int) -> float:
-    """The q-quantile (1/2 < q < 1) of Student's t with ``df`` ≥ 1 degrees of freedom: the root t
-    of A(t|ν) = P(|T| ≤ t) = 2q − 1, with A in closed form for integer ν (Abramowitz & Stegun
-    26.7.3–4), θ = atan(t/√ν): ν odd, A = (2/π)(θ + sinθ cosθ Σ_{k<(ν−1)/2} c_k cos^{2k}θ) with
-    c_0 = 1, c_k = c_{k−1}·2k/(2k+1); ν even, A = sinθ Σ_{k<ν/2} c_k cos^{2k}θ with c_0 = 1,
-    c_k = c_{k−1}(2k−1)/(2k). A rises with θ on (0, π/2): bisection, then t = √ν tanθ."""
+    """The q-quantile (1/2 < q < 1) of Student's t with ``df`` ≥ 1 degrees of freedom (scipy's)."""
+    from scipy.stats import t
+
     if not (0.5 < q < 1 and isinstance(df, int) and df >= 1):
         raise ValueError(f"t_quantile needs 1/2 < q < 1 and an integer df >= 1, got q={q}, df={df}")
-
-    def prob(theta: float) -> float:  # A(√ν tanθ | ν)
-        c2, total, c = math.cos(theta) ** 2, 0.0, 1.0
-        for k in range((df - 1) // 2 if df % 2 else df // 2):
-            c = c * (2 * k / (2 * k + 1) if df % 2 else (2 * k - 1) / (2 * k)) if k else 1.0
-            total += c * c2 ** k
-        if df % 2:
-            return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-        return math.sin(theta) * total
-
-    lo, hi = 0.0, math.pi / 2
-    for _ in range(100):  # (π/2)·2⁻¹⁰⁰: far below float resolution
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if prob(mid) < 2 * q - 1 else (lo, mid)
-    return math.sqrt(df) * math.tan((lo + hi) / 2)
+    return float(t.ppf(q, df))
 
 
 def mean_ci(values: list[float], level: float = CONFIDENCE) -> tuple[float, float | None]:
