@@ -3,6 +3,8 @@ numbers YAML reads as strings, time models that overflow, constant images, repea
 seeds torch cannot take. Each is refused early in one line naming the option, or accepted."""
 
 
+import warnings
+
 import numpy as np
 import pytest
 from test_bad_input import one_line_error, sets
@@ -155,9 +157,14 @@ def test_compute_ms_strings_that_are_not_usable_numbers_are_refused(tmp_path, ca
     ([*TINY, "epochs=3000", "network.bandwidth=3e-308", "network.latency=1"], "network.bandwidth"),
     ([*TINY, "epochs=3000", "network.bandwidth=1", "network.latency=1e308"], "network.latency"),
     ([*TINY, "epochs=3000", "network=nvlink", "compute_ms=1e307"], "compute_ms"),
+    ([*TINY, "network=nvlink", "compute_ms=1e308"], "compute_ms of 1e+308 ms"),
+    ([*TINY, "network=nvlink", "compute_ms=5", "slow_workers=0.5@1e308"], "slow_workers with a slowdown of 1e+308"),
 ])
 def test_links_that_make_the_simulated_time_overflow_are_refused(tmp_path, capsys, overrides, fragment):
-    err = one_line_error(capsys, train_argv(tmp_path, "workers=2", *overrides), fragment)
+    """One line naming the key that overflows, and no numpy RuntimeWarning before it (issue 34)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        err = one_line_error(capsys, train_argv(tmp_path, "workers=2", *overrides), fragment)
     assert "finite" in err or "normal" in err, err
 
 

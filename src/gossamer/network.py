@@ -163,13 +163,20 @@ class NetworkConfig:
             if latency is not None and not latency >= 0:
                 raise ConfigError(f"network.{prefix}latency must be >= 0 µs, got {latency}")
 
-    def check_finite(self, nbytes: float, workers: int, compute: float, steps: int) -> None:
+    def check_finite(self, nbytes: float, workers: int, compute: float, slowdown: float, steps: int) -> None:
         """Refuse a time model whose simulated time overflows: ``steps`` steps of ``compute``
-        seconds, each with an all-reduce of ``nbytes`` and one such message to every other worker,
-        with room (:data:`HORIZON_ROOM`) for extra gossip rounds and measurement traffic."""
+        seconds (the slowest worker's: × ``slowdown``), each with an all-reduce of ``nbytes`` and one
+        such message to every other worker, with room (:data:`HORIZON_ROOM`) for extra gossip
+        rounds and measurement traffic; the key that makes it overflow is named (Python floats:
+        an overflow is inf, without numpy's warnings)."""
+        compute, slowdown = float(compute), float(slowdown)
         if not math.isfinite(compute * steps * HORIZON_ROOM):
             raise ConfigError(f"compute_ms of {compute * 1000:.4g} ms makes the {steps:,} steps of this run take "
                               f"{compute * steps:.4g} s: the simulated time would not be finite; give a smaller one")
+        if not math.isfinite(compute * slowdown * steps * HORIZON_ROOM):
+            raise ConfigError(f"slow_workers with a slowdown of {slowdown:.4g} makes the slowest worker's {steps:,} "
+                              f"steps of {compute * 1000:.4g} ms take {compute * slowdown * steps:.4g} s: the "
+                              f"simulated time would not be finite; give a smaller slowdown")
         slowest = max(self.link.message(nbytes), self.intra_link.message(nbytes))
         everyone = Groups.blocks(workers, workers)
         comm = self.seconds(Transfer("allreduce", nbytes, "global", groups=everyone)) + (workers - 1) * slowest
@@ -522,7 +529,7 @@ def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -
     steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
     nbytes = sum(p.numel() for p in model.parameters()) * BYTES_PER_VALUE
     speeds = Speeds.of(cfg)
-    cfg.network.check_finite(nbytes, cfg.workers, (step or 0.0) * speeds.slow.max(), steps)
+    cfg.network.check_finite(nbytes, cfg.workers, step or 0.0, speeds.slow.max(), steps)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
     return Clock(cfg.network, step, speeds, sync, sleeps=cfg.engine == "dist")
 
