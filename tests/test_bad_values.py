@@ -92,6 +92,17 @@ def test_graphs_that_fit_are_built_and_the_bound_is_what_fits(monkeypatch):
     assert all(e.traits.get("size") for e in topology_module.TOPOLOGIES.entries.values())
 
 
+def test_too_many_sampled_rounds_blame_rounds_not_workers(capsys, monkeypatch):
+    monkeypatch.setattr(topology_module, "free_memory", lambda: int(3.5 * GIB))
+    monkeypatch.setattr(topology_module, "Mixing", never("a mixing matrix was built"))
+    message = one_line_error(capsys, ["topology", "random-matching", "-n", "8", "--rounds", "100000000"],
+                             "100,000,000 rounds", "--rounds", "3.5 GiB free", "at most --rounds ")
+    assert "at most n" not in message
+    most = int(message.split("at most --rounds ")[1].split()[0].replace(",", ""))
+    graph_bytes = topology_module.graph_bytes
+    assert graph_bytes("random-matching", 8, most) <= 3.5 * GIB < graph_bytes("random-matching", 8, most + 1)
+
+
 def test_the_dense_spectrum_of_a_directed_graph_is_refused_before_it_is_computed(tmp_path, capsys, monkeypatch):
     n = 20000
     (tmp_path / "directed.txt").write_text("".join(f"{i} -> {(i + 1) % n}\n" + f"{i} -> {(i + 2) % n}\n" * (i % 2 == 0)

@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import networkx as nx
 import numpy as np
+from tqdm import tqdm
 
 from .registry import ConfigError, Registry, short
 from .rng import host_stream, stream_seed
@@ -660,6 +661,13 @@ def build_topology(spec: str, n: int, seed: int = 0, rounds: int | None = None) 
         raise TopologyError(f"the rounds a random topology is sampled over must be a positive integer, "
                             f"got {short(repr(rounds))}")
     entry, param = TOPOLOGIES.parse(spec)
+    free = free_memory()
+    if entry.traits.get("per_round") and free is not None and graph_bytes(spec, n, 1) <= free < graph_bytes(
+            spec, n, rounds):  # n fits, the sample does not: the rounds are the cause
+        most = free // max(graph_bytes(spec, n, 1), 1)
+        raise TopologyError(f"sampling {rounds:,} rounds of topology '{short(spec)}' (--rounds) with n = {n} needs "
+                            f"about {graph_bytes(spec, n, rounds) / 2**30:.1f} GiB, more than the {free / 2**30:.1f} "
+                            f"GiB free; at most --rounds {most:,} fits")
     _check_fits(f"building topology '{short(spec)}'", n, lambda k: graph_bytes(spec, k, rounds))
     built = entry.build(n, param, seed)
     if isinstance(built, RandomRounds):
@@ -672,8 +680,8 @@ def build_topology(spec: str, n: int, seed: int = 0, rounds: int | None = None) 
             if not _check_stochastic(m, label, t):
                 raise TopologyError(f"topology '{label}': W_{t} is not doubly stochastic (rows do not sum to 1)")
             return m
-        return Topology(name=spec, n=n, mixings=tuple(draw(t) for t in range(int(rounds))), draw=draw,
-                        symmetry=built.symmetry)
+        sample = tqdm(range(int(rounds)), desc=f"sampling {label}", unit="round", disable=None, delay=2, leave=False)
+        return Topology(name=spec, n=n, mixings=tuple(draw(t) for t in sample), draw=draw, symmetry=built.symmetry)
     mixings = built if isinstance(built, tuple) else (built,)
     doubly = True
     for t, m in enumerate(mixings):
