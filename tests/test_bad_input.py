@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gossamer import cli
+from gossamer import config as config_module
 from gossamer.cli import main
 from gossamer.config import KINDS, Config, ConfigError, _fields, _section, load_config
 from gossamer.data import load_dataset
@@ -81,6 +82,15 @@ def test_a_yaml_alias_bomb_is_refused(tmp_path, capsys):
     one_line_error(capsys, ["train", str(tmp_path / "bomb.yaml"), "--quiet"], "aliases expand to more than")
     one_line_error(capsys, ["train", "--quiet", "--set", "phases=" + "[" + ",".join(["x"] * 3) + "]"],
                    "phases")  # small lists still parse (and are then checked)
+
+
+def test_a_config_too_large_without_aliases_names_the_size_limit(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(config_module, "MAX_YAML_NODES", 50)
+    events = "".join(f"    - {{step: {k}, worker: 1, leave: true}}\n" for k in range(20))
+    (tmp_path / "big.yaml").write_text("faults:\n events:\n" + events)
+    message = one_line_error(capsys, ["train", str(tmp_path / "big.yaml"), "--quiet"], "more than 50 values",
+                             "MAX_YAML_NODES", "faults.events")
+    assert "alias" not in message
 
 
 @pytest.mark.parametrize("where, fragment", [("file/run", "cannot write a run there"),

@@ -443,8 +443,11 @@ class _BoundedLoader(yaml.SafeLoader):
     def compose_document(self):
         node = super().compose_document()
         sizes: dict[int, int] = {}
+        aliased = False
 
         def size(n) -> int:  # nodes after expansion; shared (aliased) nodes counted once per use
+            nonlocal aliased
+            aliased |= id(n) in sizes
             if id(n) not in sizes:
                 sizes[id(n)] = 0  # a recursive alias counts once
                 children = n.value if isinstance(n, yaml.SequenceNode) else \
@@ -452,7 +455,10 @@ class _BoundedLoader(yaml.SafeLoader):
                 sizes[id(n)] = min(1 + sum(size(c) for c in children), MAX_YAML_NODES + 1)
             return sizes[id(n)]
         if node is not None and size(node) > MAX_YAML_NODES:
-            raise ConfigError(f"YAML aliases expand to more than {MAX_YAML_NODES} values; write the values out")
+            if aliased:
+                raise ConfigError(f"YAML aliases expand to more than {MAX_YAML_NODES:,} values; write the values out")
+            raise ConfigError(f"the YAML holds more than {MAX_YAML_NODES:,} values, gossamer's limit on a config "
+                              f"(MAX_YAML_NODES); give long lists (faults.events, ...) in a shorter form")
         return node
 
 
