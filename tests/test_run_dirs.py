@@ -382,6 +382,25 @@ def test_an_empty_or_truncated_checkpoint_is_one_line_naming_it(tmp_path, capsys
     assert files(out) == before
 
 
+@pytest.mark.parametrize("edit, fragment", [
+    (lambda state: state.update(step=-5), "step -5"),
+    (lambda state: state.update(step="12"), "step '12'"),
+    (lambda state: state["rows"].update(X=state["rows"]["X"][:, :-3]), "X"),
+    (lambda state: state["rows"].update(B=torch.zeros(7, 2)), "B"),
+])
+def test_a_hand_edited_checkpoint_is_one_line_naming_what_does_not_fit(tmp_path, capsys, finished, edit, fragment):
+    out = copy_run(finished, tmp_path / "run")
+    (out / "summary.json").unlink()
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    edit(state)
+    torch.save(state, out / "checkpoint.pt")
+    before = files(out)
+    assert resume(out, "epochs=2") == 2
+    err = capsys.readouterr().err
+    assert one_line(err, "checkpoint.pt", "does not fit this run", fragment), err
+    assert files(out) == before
+
+
 # ---------------------------------------------------------------- paths the OS refuses
 
 

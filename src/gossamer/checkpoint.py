@@ -61,6 +61,25 @@ def restore(run, progress, state: dict) -> int:
     return int(local["step"])
 
 
+def check_fits(state: dict, run, run_dir: str) -> None:
+    """Refuse, naming the entry, a checkpoint whose step or rows cannot be this run's (a
+    hand-edited file, or rows of another model): step a non-negative integer, X and B of n rows of
+    this model's widths; the rest is held to it by the config check."""
+    def refuse(what: str):
+        raise ConfigError(f"--resume {short(run_dir)}: checkpoint.pt does not fit this run: {what}; it was edited "
+                          f"or comes from another run")
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        refuse(f"step {short(repr(step))} is not a step count (a non-negative integer)")
+    rows = state.get("rows") if isinstance(state.get("rows"), dict) else {}
+    for name, mine in (("X", run.workers.X), ("B", run.workers.B)):
+        saved = rows.get(name)
+        want = (run.cfg.workers, *mine.shape[1:])
+        if not isinstance(saved, torch.Tensor) or tuple(saved.shape) != want:
+            got = tuple(saved.shape) if isinstance(saved, torch.Tensor) else type(saved).__name__
+            refuse(f"its rows {name} are {got}, this run's are {want}")
+
+
 def local_rows(state, rows: range):
     """``state`` with every tensor under a ``rows`` key cut to the given workers' rows."""
     def walk(value, under_rows: bool = False):

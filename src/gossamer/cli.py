@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import __version__, plugins
-from .checkpoint import check_checkpoint, check_resumable, restore
+from .checkpoint import check_checkpoint, check_fits, check_resumable, restore
 from .codecs import CODECS
 from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
 from .registry import short
@@ -122,6 +122,7 @@ def _resumed_state(cfg, run, out: Path) -> dict:
     (its summary written) is refused."""
     state = load_checkpoint(out)
     check_checkpoint(cfg.to_dict(), state["config"], str(out))
+    check_fits(state, run, str(out))
     step, total = state["step"], cfg.epochs * run.steps_per_epoch
     if step > total or step == total and _summary_steps(out) == step:
         raise Finished(f"the run is finished ({step} of {total} steps); to train longer, resume with a "
