@@ -158,7 +158,7 @@ def test_churn_is_drawn_from_the_seed_and_resumes():
 
 def test_a_faults_section_without_events_is_the_run_without_it():
     plain = load_config(None, [*SHORT, "algorithm=gossip", "topology=ring"])
-    faulty = load_config(None, [*SHORT, "algorithm=gossip", "topology=ring", "faults.rejoin=stale"])
+    faulty = load_config(None, [*SHORT, "algorithm=gossip", "topology=ring", "faults.events=[]"])
     (rows_a, run_a), (rows_b, run_b) = ([], build_run(plain)), ([], build_run(faulty))
     summary_a = train(plain, run_a, on_row=rows_a.append)
     summary_b = train(faulty, run_b, on_row=rows_b.append)
@@ -174,7 +174,10 @@ def test_a_faults_section_without_events_is_the_run_without_it():
     (["faults.events=[1@1-5,1@4-]"], "overlap"),
     (["faults.events=[1 at 3]"], "is not W@A-B"),
     (["faults.churn=1"], "faults.churn must be a probability in [0, 1)"),
-    (["faults.churn=0.1"], "faults.downtime must be in [1, 1e+09]"),
+    (["faults.churn=0.1"], "faults.churn needs faults.downtime D"),
+    (["faults.churn=0.1", "faults.downtime=0.5"], "faults.downtime must be in [1, 1e+09]"),
+    (["faults.rejoin=stale"], "faults.rejoin applies only when workers leave"),
+    (["faults.repair=metropolis", "faults.rejoin=stale"], "faults.rejoin and faults.repair apply only when workers"),
     (["faults.events=[0@2-,1@1-,2@0-5,3@3-]"], "all 4 workers are gone at step 3"),
     (["faults.rejoin=random"], "faults.rejoin"),
     (["algorithm=choco", "faults.events=[1@2-3]"], "algorithm choco does not drop workers"),

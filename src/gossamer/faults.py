@@ -54,11 +54,17 @@ class FaultsConfig:
         parse_events(self.events, cfg.workers)
         if not 0 <= self.churn < 1:
             raise ConfigError(f"faults.churn must be a probability in [0, 1), got {self.churn}")
+        if self.churn > 0 and not self.downtime:
+            raise ConfigError(f"faults.churn needs faults.downtime D: the mean steps a churned worker stays away, "
+                              f"in [1, {MAX_DOWNTIME:g}]")
         if self.churn > 0 and not 1 <= self.downtime <= MAX_DOWNTIME:
             raise ConfigError(f"faults.downtime must be in [1, {MAX_DOWNTIME:g}] steps (the mean of a geometric draw) "
                               f"with churn > 0, got {self.downtime}")
         if self.churn == 0 and self.downtime:
             raise ConfigError("faults.downtime applies only with faults.churn > 0")
+        unused = [f"faults.{k}" for k in ("rejoin", "repair") if getattr(self, k) != getattr(FaultsConfig, k)]
+        if unused and not self.events and not self.churn:
+            raise ConfigError(f"{' and '.join(unused)} appl{'ies' if len(unused) == 1 else 'y'} only when workers leave: give faults.events or faults.churn")
         if self.rejoin not in REJOIN_MODES:
             raise ConfigError(f"unknown faults.rejoin '{short(self.rejoin)}'; choose one of: {', '.join(REJOIN_MODES)}")
         if self.repair not in REPAIRS:
