@@ -401,6 +401,20 @@ def test_a_hand_edited_checkpoint_is_one_line_naming_what_does_not_fit(tmp_path,
     assert files(out) == before
 
 
+def test_a_resume_on_a_process_count_that_does_not_divide_n_names_the_counts_that_do(tmp_path, capsys, finished,
+                                                                                     monkeypatch):
+    """Not 'use workers=3': a resume keeps the run's workers, so the launch must change."""
+    out = copy_run(finished, tmp_path / "run")
+    (out / "summary.json").unlink()
+    (out / "config.yaml").write_text((out / "config.yaml").read_text().replace("engine: sim", "engine: dist"))
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    before = files(out)
+    assert resume(out) == 2
+    err = capsys.readouterr().err
+    assert one_line(err, "workers=4", "3 processes", "launch it on 1, 2, 4 processes"), err
+    assert "use workers" not in err and files(out) == before
+
+
 # ---------------------------------------------------------------- paths the OS refuses
 
 

@@ -208,8 +208,15 @@ def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: 
     rank's error); rank 0 alone writes the run directory, with the full gathered checkpoint. To
     resume, every process reads the checkpoint (the run directory must be visible to all)."""
     from .engines import build_engine
+    from .engines.dist import env_world_size
     from .train import resolve_device
 
+    world = env_world_size()
+    if resume and cfg.workers % world:  # the workers are the run's: the process count must change
+        divisors = [str(k) for k in range(1, cfg.workers + 1) if cfg.workers % k == 0]
+        raise ConfigError(f"--resume: the run has workers={cfg.workers}, which {world} processes cannot share "
+                          f"evenly; launch it on {', '.join(divisors[:8])}{', ...' if len(divisors) > 8 else ''} "
+                          f"processes (a divisor of {cfg.workers})")
     engine = build_engine(cfg, resolve_device(cfg.device))
     try:
         run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
