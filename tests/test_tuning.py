@@ -176,3 +176,10 @@ def test_a_second_tune_and_a_validation_fraction_of_0_are_refused_not_ignored(ca
                                        "it unset (0.1)\n")
     assert main(["repro", "ring-scaling", "--quick", "--dry-run", "--tune", "lr=[0.1,0.2]",
                  "--set", "validation_fraction=0.2"]) == 0
+
+
+def test_a_validation_fraction_that_leaves_no_batch_blames_itself_in_the_estimate(capsys):
+    """Issue 34: repro's work estimate blamed batch_size for what validation_fraction=0.999999 did."""
+    assert main(["repro", "local-sgd", "--quick", "--dry-run", "--set", "validation_fraction=0.999999"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gossamer: error: validation_fraction=0.999999 of the ")

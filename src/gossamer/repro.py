@@ -729,7 +729,7 @@ def estimate_work(configs: list[Config], seeds: int = 1) -> str:
     the test set and of x̄ on the validation split), times the samples. Communication and Ξ² are
     not counted."""
     from .data import load_dataset
-    from .data.partition import steps_per_epoch
+    from .data.partition import steps_per_epoch, validation_size
     from .train import local_eval_workers
 
     steps = samples = train_flops = eval_flops = 0
@@ -744,7 +744,8 @@ def estimate_work(configs: list[Config], seeds: int = 1) -> str:
         if model_key not in flops:
             flops[model_key] = sample_flops(cfg, data)
         forward, forward_backward = flops[model_key]
-        held = int((cfg.validation_fraction or 0) * len(data.y_train))  # validation_split's
+        held = validation_size(len(data.y_train), cfg.validation_fraction, cfg.workers, cfg.batch_size) \
+            if cfg.validation_fraction else 0
         run_steps = cfg.epochs * steps_per_epoch(len(data.y_train) - held, cfg.workers, cfg.batch_size)
         evaluations = sum((e + 1) % cfg.eval_every == 0 or e + 1 == cfg.epochs for e in range(cfg.epochs))
         steps += seeds * run_steps

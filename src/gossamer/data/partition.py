@@ -26,17 +26,23 @@ def steps_per_epoch(num_train: int, n: int, batch_size: int) -> int:
     return steps
 
 
-def validation_split(num_train: int, fraction: float, seed: int, n: int, batch_size: int
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept, held out): disjoint sorted training-set indices, the held-out part the first
-    ⌊fraction·N⌋ of a permutation drawn from the seed. Refused (naming validation_fraction) if it
-    holds out nothing or leaves a worker less than one batch."""
+def validation_size(num_train: int, fraction: float, n: int, batch_size: int) -> int:
+    """⌊fraction·N⌋, the samples a validation split holds out. Refused (naming validation_fraction)
+    if it holds out nothing or leaves a worker less than one batch."""
     held = int(fraction * num_train)
     kept = num_train - held
     if held == 0 or kept // n < batch_size:
         what = "holds out no sample" if held == 0 else f"leaves {kept} samples, {kept // n} per worker"
         raise ConfigError(f"validation_fraction={fraction} of the {num_train} training samples {what}; "
                           f"{n} workers need at least batch_size={batch_size} each")
+    return held
+
+
+def validation_split(num_train: int, fraction: float, seed: int, n: int, batch_size: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, held out): disjoint sorted training-set indices, the held-out part the first
+    :func:`validation_size` of a permutation drawn from the seed."""
+    held = validation_size(num_train, fraction, n, batch_size)
     perm = torch.from_numpy(host_stream("validation", seed).permutation(num_train))
     return perm[held:].sort().values, perm[:held].sort().values
 
