@@ -1,8 +1,10 @@
 """The command line as a user meets it: outputs, bad input (exit 2, one line), run directories."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -263,3 +265,40 @@ def test_the_demo_reads_its_sentences_off_its_numbers():
     first, second, third = demo_story(runs(0.60, 0.61, 0.60), xi)
     assert "did not fall behind" in first and "does not show it" in third
     assert "closes" not in second
+
+
+def test_ctrl_c_at_any_point_is_one_line(tmp_path, capsys, monkeypatch):
+    """Issue 34: Ctrl-C while the CLI imports torch, or before the arguments are parsed, printed a
+    KeyboardInterrupt traceback; it is the one line it is later."""
+    import builtins
+
+    from gossamer import __main__ as command
+    from gossamer import cli
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, *args, **kwargs):
+        if name in ("cli", "gossamer.cli"):
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched:
+        patched.setattr(builtins, "__import__", interrupted_import)
+        assert command.main() == 130
+    monkeypatch.setattr(cli.plugins, "load", interrupted)
+    assert main(["train", "--quiet"]) == 130
+    assert capsys.readouterr().err == "gossamer: error: interrupted\n" * 2
+    monkeypatch.undo()
+    process = subprocess.Popen([sys.executable, "-m", "gossamer", "train", "--quiet", "--out", str(tmp_path / "run"),
+                                "--set", "epochs=100"],
+                               stderr=subprocess.PIPE, text=True)
+    time.sleep(0.3)  # importing torch, parsing or building the run: each is one line
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    # -2: when the interrupt strikes inside an extension's import, CPython may still end the process by
+    # SIGINT after our exit(130) (its unhandled-KeyboardInterrupt flag); a shell shows 130 alike
+    assert process.returncode in (130, -signal.SIGINT) and err.count("\n") == 1, err
+    assert err.startswith("gossamer: error:") and "Traceback" not in err, err

@@ -555,7 +555,15 @@ def _plugins_named(argv: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    """The ``gossamer`` command: its exit status; every failure one line on stderr (Ctrl-C too,
+    whenever it comes: "interrupted", status 130)."""
+    try:
+        return _main(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        return _fail("interrupted", 130)
+
+
+def _main(argv: list[str]) -> int:
     try:
         plugins.load(_plugins_named(argv))
         plugins.load_installed()
@@ -585,9 +593,3 @@ def main(argv: list[str] | None = None) -> int:
             raise
         where = f"'{str(e.filename)[:100]}': " if e.filename else ""
         return _fail(f"{where}{e.strerror or e}", 2) if _rank() == 0 else 2
-    except KeyboardInterrupt:
-        return _fail("interrupted", 130)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
