@@ -1,11 +1,14 @@
 """The ``gossamer`` command and ``python -m gossamer``: :func:`gossamer.cli.main`, imported
 inside the Ctrl-C guard (importing torch takes a second or more, and an interrupt then is the same
-one line as later)."""
+one line as later). Before torch loads, its C++ log level is ERROR unless the environment sets
+TORCH_CPP_LOG_LEVEL: a lost peer is one line of ours, not c10d's warnings and stack frames."""
 
+import os
 import sys
 
 
 def main() -> int:
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     try:
         from .cli import main as cli_main
     except KeyboardInterrupt:
