@@ -25,40 +25,51 @@ STRAGGLERS = ["algorithm=ad-psgd", "topology=ring", "workers=6", "epochs=1", "ne
               "grad_backend=loop", "metrics_every=100"]
 
 
-def reference(cfg, run) -> tuple[torch.Tensor, np.ndarray]:
-    """(X, each worker's clock: when its last exchange ended) of the paper's Algorithm 1, one event
-    at a time in float64: worker i's k-th gradient at the model it read when it began, then
-    x_i, x_j ← (x_i + x_j)/2 with a neighbour j drawn from (seed, k, i), then x_i ← x_i − η g_i;
-    events in (time, worker) order."""
+def reference(cfg, run) -> tuple[torch.Tensor, np.ndarray, int]:
+    """(X, each worker's clock: when its last exchange ended, the pair averages) of the paper's
+    Algorithm 1 as moments of each worker in (time, worker) order, in float64: a read x̂_i ← x_i
+    when i's gradient begins, then c·s_i·ε_i(k) later its event: the gradient at x̂_i, a neighbour j
+    drawn from i's neighbours in W_k by (seed, k, i), x_i, x_j ← (x_i + x_j)/2, x_i ← x_i − η g_i;
+    i's next read is τ after its event (the two models cross the link)."""
     n, S = cfg.workers, run.steps_per_epoch
     one = WorkerMatrix(copy.deepcopy(run.workers.template), 1, backend="loop", loss=run.task.loss)
     X = run.workers.X.clone()
-    mixing = build_topology(cfg.topology, n).mixing(0)
-    peers = [sorted({int(j) for j, w in zip(mixing.index[:, i], mixing.weight[:, i]) if w and j != i})
-             for i in range(n)]
+    topology = build_topology(cfg.topology, n, seed=cfg.seed)
     speeds, c = Speeds.of(cfg), cfg.compute_ms / 1000
     tau = cfg.network.link.message(X.shape[1] * 4)
-    finish, count, read = [c * speeds.factor(0, i) for i in range(n)], [0] * n, X.clone()
-    clocks = np.zeros(n)
-    for event in range(cfg.epochs * S * n):
-        i = min(range(n), key=lambda w: (finish[w], w))
-        now, k = finish[i], count[i]
+    moment = [(0.0, "read")] * n  # each worker's next moment
+    count, read, clocks, events, pairs = [0] * n, X.clone(), np.zeros(n), 0, 0
+    while events < cfg.epochs * S * n:
+        i = min(range(n), key=lambda w: (moment[w][0], w))
+        now, kind = moment[i]
+        if kind == "read":
+            read[i] = X[i]
+            moment[i] = (now + c * speeds.factor(count[i], i), "event")
+            continue
+        k = count[i]
         idx = epoch_indices(run, k // S)[k % S, i]
         one.X[0] = read[i]
         one.loss_and_grad(run.data.x_train[idx][None], run.data.y_train[idx][None])
-        j = peers[i][host_stream("ad-psgd-neighbour", cfg.seed, k, i).integers(len(peers[i]))]
-        X[i] = X[j] = (X[i] + X[j]) / 2
-        X[i] -= lr_at(cfg, event // n, S) * one.G[0]
-        count[i] += 1
-        read[i] = X[i]
-        clocks[i] = now + tau
-        finish[i] = clocks[i] + c * speeds.factor(count[i], i)
-    return X, clocks
+        W = topology.mixing(k)
+        peers = sorted({int(j) for j, w in zip(W.index[:, i], W.weight[:, i]) if w and j != i})
+        wait = 0.0
+        if peers:
+            j = peers[host_stream("ad-psgd-neighbour", cfg.seed, k, i).integers(len(peers))]
+            X[i] = X[j] = (X[i] + X[j]) / 2
+            wait, pairs = tau, pairs + 1
+        X[i] -= lr_at(cfg, events // n, S) * one.G[0]
+        count[i], events = k + 1, events + 1
+        clocks[i] = now + wait
+        moment[i] = (clocks[i], "read")
+    return X, clocks, pairs
 
 
-def test_the_simulation_is_the_papers_update_event_by_event():
-    cfg = small_config(*STRAGGLERS)
-    expected, clocks = reference(cfg, build_run(cfg))
+@pytest.mark.parametrize("topology", ["ring", "random-matching"])
+def test_the_simulation_is_the_papers_update_event_by_event(topology):
+    """Against the paper's Algorithm 1 replayed moment by moment (above): the rows, the clocks,
+    and the traffic (a pair average: both models cross once, 2·d·4 bytes among the n workers)."""
+    cfg = small_config(*STRAGGLERS, f"topology={topology}")
+    expected, clocks, pairs = reference(cfg, build_run(cfg))
     run = build_run(cfg)
     summary = train(cfg, run)
     assert run.schedule.calls < cfg.epochs * run.steps_per_epoch * cfg.workers  # gradients were batched
@@ -66,6 +77,9 @@ def test_the_simulation_is_the_papers_update_event_by_event():
     assert summary["sim_seconds"] == pytest.approx(clocks.max(), rel=1e-12)
     # nobody waits in an exchange: the only idle time is the end of the run, until the last one's
     assert summary["sim_seconds_idle_fraction"] == pytest.approx((1 - clocks / clocks.max()).mean(), rel=1e-9)
+    d = run.workers.X.shape[1]
+    assert summary["comm_rounds"] == pairs and 0 < pairs <= cfg.epochs * run.steps_per_epoch * cfg.workers
+    assert summary["bytes_per_worker"] == pytest.approx(pairs * 2 * d * 4 / cfg.workers, rel=1e-12)
 
 
 def test_equal_speeds_batch_one_gradient_call_per_n_events():

@@ -19,7 +19,7 @@ import torch
 
 from .registry import ConfigError, short
 
-FORMAT = 3  # 3: per-worker Adam step counts, the clock's per-worker times, AD-PSGD's events on the clock
+FORMAT = 4  # 3: per-worker Adam step counts, the clock's per-worker times, AD-PSGD's events on the clock; 4: AD-PSGD's reads to take
 RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger", "sharpness",
                   "sharpness_samples", "sharpness_iterations")
 """Keys a resumed run may change: its length, how it logs and what it measures, nothing that

@@ -1,7 +1,7 @@
 """Asynchronous decentralized SGD, AD-PSGD (Lian, Zhang, Zhang, Liu, ICML 2018), as an
 event-driven simulation on the per-worker clocks of :mod:`gossamer.network`.
 
-Every worker i repeats, on its own clock: take the model x̂_i = x_i, compute a stochastic
+Every worker i repeats, on its own clock: read the model x̂_i = x_i, compute a stochastic
 gradient g_i = ∇F_i(x̂_i; ξ_i) (its k-th batch), then, atomically with one neighbour j drawn
 uniformly from i's neighbours in W_k (the topology's round k = i's gradient count), average
 x_i, x_j ← (x_i + x_j)/2 (symmetric whoever picks whom, so a doubly stochastic directed graph
@@ -11,8 +11,10 @@ to the averaged one (the paper's Algorithm 1). j is passive: its own computation
 **Events.** Worker i's k-th gradient takes c·s_i·ε_i(k) (``compute_ms``, ``slow_workers``,
 ``compute_jitter``); it ends at f_i. Events run in the order of (f_i, i): ties by worker index.
 At f_i the pair average and the update happen at once, and i's next gradient starts at
-f_i + τ, τ = α + m/β of the link between i and j (the exchange of the two models, full duplex).
-Without a network section c = 1 and τ = 0: rounds of n events in worker order. Every draw comes
+f_i + τ, τ = α + m/β of the link between i and j (the exchange of the two models, full duplex):
+it reads x_i then, so a passive average that lands on i inside (f_i, f_i + τ) reaches its next
+gradient. Reads and events are ordered alike, by (time, worker). Without a network section c = 1
+and τ = 0: rounds of n events in worker order. Every draw comes
 from the seed, so a run is deterministic and Ξ² is exact at every measurement. A loop step is
 n events (n gradient evaluations: an epoch counts the same samples as the synchronous ones).
 
@@ -23,9 +25,10 @@ it and spends τ; j is passive) — none when i has no neighbour that round. The
 times: a step starts each worker's next event from its clock (measurement traffic, with
 ``count_metrics``, holds everyone until it ends).
 
-**Batching.** The models x̂ of the gradients not yet computed are fixed when they start, so all
-of them are computed in one batched call when the next event needs one: with equal speeds, one
-call per n events, as synchronous D-SGD.
+**Batching.** The models x̂ of the gradients not yet computed are fixed once read, so all the read
+ones are computed in one batched call when the next event needs one: with equal speeds, one call
+per n events, as synchronous D-SGD. A read is taken when the next moment after it comes (x only
+changes at events, so x_i is then what it was at the read).
 """
 
 from __future__ import annotations
@@ -75,13 +78,15 @@ def pair_mixing(n: int, i: int, j: int) -> Mixing:
 @dataclass
 class ADPSGD(Schedule):
     """AD-PSGD's events (module docstring). State: each worker's gradient count k_i, the models x̂
-    its gradients are taken at, the gradients already computed, and the batched calls so far."""
+    its gradients are taken at, the time of each read still to take, the gradients already computed,
+    and the batched calls so far."""
 
     topology: Topology
     seed: int
     timing: Timing = field(default_factory=Timing)
     count: list[int] = field(default_factory=list)
     ready: list[bool] = field(default_factory=list)  # whether g_i of the current gradient is computed
+    reads: list[float | None] = field(default_factory=list)  # when i's next gradient reads x_i (None: it has)
     calls: int = 0  # batched gradient calls (each draws its augmentation from it)
     stale: torch.Tensor | None = None  # x̂ [n, d]
     grads: torch.Tensor | None = None  # [n, d]
@@ -92,7 +97,7 @@ class ADPSGD(Schedule):
         n = X.shape[0]
         self.stale, self.grads = X.clone(), torch.zeros_like(X)
         self.losses = torch.zeros(n, dtype=X.dtype, device=X.device)
-        self.count, self.ready = [0] * n, [False] * n
+        self.count, self.ready, self.reads = [0] * n, [False] * n, [None] * n
 
     def neighbour(self, i: int, k: int) -> int | None:
         """j drawn uniformly from i's neighbours in W_k (None: none in that round), from stream
@@ -112,6 +117,7 @@ class ADPSGD(Schedule):
         finish = [started[i] + timing.compute * timing.factor(self.count[i], i) for i in range(n)]
         for _ in range(n):
             i = min(range(n), key=lambda w: (finish[w], w))
+            self._read(X, (finish[i], i))
             if not self.ready[i]:
                 self._compute(io)
             k = self.count[i]
@@ -127,30 +133,38 @@ class ADPSGD(Schedule):
             io.G[i] = self.grads[i]
             io.update(np.array([i]))
             self.count[i] += 1
-            self.stale[i] = X[i]
-            self.ready[i] = False
-            finish[i] = finish[i] + tau + timing.compute * timing.factor(self.count[i], i)  # the clock's order of sums
+            self.ready[i], self.reads[i] = False, finish[i] + tau
+            finish[i] = self.reads[i] + timing.compute * timing.factor(self.count[i], i)  # the clock's order of sums
         io.G.copy_(self.grads)  # each worker's latest gradient, for φ²
         step, ema = begin_step(self, io.engine, X, io.G, io.t, io.lr, io.grad_norm_sq_ema, io.measure, average=False)
         return Stepped(self.losses, None, step, ema, {})
 
+    def _read(self, X: torch.Tensor, now: tuple[float, int]) -> None:
+        """x̂_w ← x_w for each read still to take at (time, w) up to the moment ``now``."""
+        for w, at in enumerate(self.reads):
+            if at is not None and (at, w) <= now:
+                self.stale[w] = X[w]
+                self.reads[w] = None
+
     def _compute(self, io: StepIO) -> None:
-        """Every gradient not yet computed, in one batched call at its x̂."""
-        rows = [i for i, r in enumerate(self.ready) if not r]
+        """Every gradient read but not yet computed, in one batched call at its x̂."""
+        rows = [i for i, r in enumerate(self.ready) if not r and self.reads[i] is None]
         waiting = torch.tensor(rows, device=io.X.device)
         losses = io.gradients(np.array(rows), self.stale, np.array(self.count), self.calls)
         self.calls += 1
         self.grads.index_copy_(0, waiting, io.G.index_select(0, waiting))
         self.losses.index_copy_(0, waiting, losses.index_select(0, waiting))
-        self.ready = [True] * len(self.ready)
+        for i in rows:
+            self.ready[i] = True
 
     def state_dict(self) -> dict:
-        return {"count": list(self.count), "ready": list(self.ready), "calls": self.calls,
+        return {"count": list(self.count), "ready": list(self.ready), "reads": list(self.reads), "calls": self.calls,
                 "rows": {"stale": self.stale, "grads": self.grads, "losses": self.losses}}
 
     def load_state_dict(self, state: dict) -> None:
         self.calls = int(state["calls"])
         self.count, self.ready = [int(k) for k in state["count"]], [bool(r) for r in state["ready"]]
+        self.reads = [None if r is None else float(r) for r in state["reads"]]
         for key, rows in state["rows"].items():
             getattr(self, key).copy_(rows)
 
