@@ -23,7 +23,7 @@ its k-th gradient) and its pair average, a one-sided gossip round of the pair (o
 it and spends τ; j is passive) — none when i has no neighbour that round. The run's clock
 (:mod:`gossamer.network`) prices them in order, so the per-worker clocks it keeps are the event
 times: a step starts each worker's next event from its clock (measurement traffic, with
-``count_metrics``, holds everyone until it ends).
+``count_metrics``, holds everyone until it ends; a gradient not yet begun reads x_i then).
 
 **Batching.** The models x̂ of the gradients not yet computed are fixed once read, so all the read
 ones are computed in one batched call when the next event needs one: with equal speeds, one call
@@ -113,7 +113,8 @@ class ADPSGD(Schedule):
     def step(self, io: StepIO) -> Stepped:
         """The next n events, each a step of one worker (module docstring)."""
         X, n, timing = io.X, io.X.shape[0], self.timing
-        started = timing.started(self.count)
+        started = timing.started(self.count)  # the clock's: later than a read still to take after a hold
+        self.reads = [None if at is None else float(started[i]) for i, at in enumerate(self.reads)]
         finish = [started[i] + timing.compute * timing.factor(self.count[i], i) for i in range(n)]
         for _ in range(n):
             i = min(range(n), key=lambda w: (finish[w], w))
@@ -133,7 +134,7 @@ class ADPSGD(Schedule):
             io.G[i] = self.grads[i]
             io.update(np.array([i]))
             self.count[i] += 1
-            self.ready[i], self.reads[i] = False, finish[i] + tau
+            self.ready[i], self.reads[i] = False, float(finish[i] + tau)
             finish[i] = self.reads[i] + timing.compute * timing.factor(self.count[i], i)  # the clock's order of sums
         io.G.copy_(self.grads)  # each worker's latest gradient, for φ²
         step, ema = begin_step(self, io.engine, X, io.G, io.t, io.lr, io.grad_norm_sq_ema, io.measure, average=False)
