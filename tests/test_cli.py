@@ -1,6 +1,7 @@
 """The command line as a user meets it: outputs, bad input (exit 2, one line), run directories."""
 
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -145,7 +146,10 @@ def test_topology_json(capsys):
     code, out, _ = run_cli(capsys, "topology", "ring", "-n", "64", "--json")
     info = json.loads(out)
     assert code == 0
-    assert info["spectral_gap"] == pytest.approx(0.0032102, abs=1e-6)
+    lam = (1 + 2 * math.cos(2 * math.pi / 64)) / 3  # the ring's second eigenvalue, weights 1/3: closed form
+    assert info["spectral_gap"] == pytest.approx(1 - lam, rel=1e-12)
+    assert info["p"] == pytest.approx(1 - lam**2, rel=1e-12)
+    assert info["rounds_to_halve"] == pytest.approx(math.log(0.5) / math.log(lam), rel=1e-11)
     assert {"name", "n", "spectral_gap", "p", "period", "rounds_to_halve"} <= info.keys()
     assert run_cli(capsys, "topology", "torus", "-n", "13")[0] == 2
 
