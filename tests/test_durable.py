@@ -122,24 +122,43 @@ def test_sigint_stops_with_130_and_a_second_resume_of_a_finished_run_is_refused(
     assert "finished (24 of 24 steps)" in capsys.readouterr().err
 
 
+# the killed process: `gossamer train` whose run directory, once it has written the row of step
+# KILLED_AT, says so on stdout and waits to be killed (mid-run, rows past the last checkpoint on disk)
+KILLED_AT = 14
+WAIT_FOR_SIGKILL = f"""
+import sys, time
+from gossamer import report
+from gossamer.cli import main
+row = report.RunDir.row
+def row_then_wait(self, values):
+    row(self, values)
+    if values["step"] == {KILLED_AT}:
+        print("ready", flush=True)
+        time.sleep(600)
+report.RunDir.row = row_then_wait
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
 def test_sigkill_loses_at_most_the_rows_since_the_last_checkpoint(tmp_path):
-    """A real process, killed with SIGKILL mid-run, resumes to the uninterrupted run's files."""
-    overrides = ["workers=4", "epochs=30", "num_samples=1000", "batch_size=16", "algorithm=gossip",
+    """A real process, killed with SIGKILL mid-run (after the row of step 14, the last checkpoint at
+    step 12), resumes to the uninterrupted run's files. Event-driven: the process says when."""
+    overrides = ["workers=4", "epochs=2", "num_samples=1000", "batch_size=16", "algorithm=gossip",
                  "checkpoint_every=0.25", "grad_backend=loop", "model=mlp"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "gossamer", "train", "--quiet", *sets(*overrides)]
     killed = tmp_path / "killed"
-    proc = subprocess.Popen([*cmd, "--out", str(killed)], env=env, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
-    while not (killed / "checkpoint.pt").exists() or len(rows(killed)) < 20:
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    step = torch.load(killed / "checkpoint.pt", weights_only=True)["step"]
-    assert step % 3 == 0 and 3 <= step < 360  # checkpoints every quarter epoch (3 steps)
-    assert rows(killed)[step - 1]["step"] == step  # every row up to the checkpoint is on disk
+    proc = subprocess.Popen([sys.executable, "-c", WAIT_FOR_SIGKILL, "train", "--quiet", "--out", str(killed),
+                             *sets(*overrides)], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n", proc.communicate(timeout=60)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert torch.load(killed / "checkpoint.pt", weights_only=True)["step"] == 12  # every quarter epoch (3 steps)
+    steps = [r["step"] for r in rows(killed)]  # every row up to the checkpoint is on disk; later ones may be
+    assert steps == list(range(1, len(steps) + 1)) and 12 <= len(steps) <= KILLED_AT
     assert main(["train", "--quiet", "--out", str(tmp_path / "straight"), *sets(*overrides)]) == 0  # one thread too
     assert main(["train", "--quiet", "--resume", str(killed)]) == 0
     assert_same_run(tmp_path / "straight", killed)
