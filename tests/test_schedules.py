@@ -1,6 +1,7 @@
 """Which communication primitive each schedule calls at which step, recorded by a fake engine
 (no processes); and that measurement never changes training and is counted apart."""
 
+import contextlib
 import itertools
 
 import pytest
@@ -46,28 +47,36 @@ class RecordingEngine(SimEngine):
 
 
 def record(*overrides: str, steps: int = 2 * S, mark_steps: bool = False) -> list[tuple]:
-    """Drive a schedule by hand through ``steps`` steps (the loop's hooks, in its order) and
-    return the primitives it called, by step (with ``mark_steps``, also (t, "local step") where
-    the local optimizer steps)."""
-    from gossamer.algorithms import Step
-
-    cfg = small_config(*overrides)
+    """Train ``steps`` steps (the training loop itself, :func:`gossamer.train.train`, with no
+    metric due) and return the primitives the schedule called, by step (with ``mark_steps``, also
+    (t, "local step") where the local optimizer steps)."""
+    cfg = small_config(*overrides, f"epochs={-(-steps // S)}", "metrics_every=1000", "eval_every=1000")
     engine = RecordingEngine(cfg.workers)
     run = build_run(cfg, engine=engine)
     w = run.workers
     engine.names = {w.X.data_ptr(): "X", w.G.data_ptr(): "G",
                     **{t.data_ptr(): f"opt.{k}" for k, t in run.optimizer.rows.items()}}
-    run.schedule.start(engine, w.X)
-    for t in range(steps):
-        engine.t = t
-        w.G.normal_()
-        step = Step(t, lr=0.01, measure=False)
-        run.schedule.on_gradients(engine, w.X, w.G, step)
-        run.optimizer.step(w.X, w.G, 0.01)
-        if mark_steps:
-            engine.calls.append((t, "local step"))
-        run.schedule.after_step(engine, w.X, step)
+    schedule_step, optimizer_step = run.schedule.step, run.optimizer.step
+
+    def step(io):
+        engine.t = io.t
+        if io.t == steps:
+            raise Finished
+        return schedule_step(io)
+
+    def local_step(*args):
+        optimizer_step(*args)
+        engine.calls.append((engine.t, "local step"))
+    run.schedule.step = step
+    if mark_steps:
+        run.optimizer.step = local_step
+    with contextlib.suppress(Finished):
+        train(cfg, run)
     return engine.calls
+
+
+class Finished(Exception):
+    """The steps to record are done."""
 
 
 def test_local_sgd_h4_averages_the_parameters_after_every_fourth_step():
