@@ -273,3 +273,9 @@ def test_every_kind_of_numeric_key_is_drawn():
 def test_values_refused_where_the_run_is_built_name_their_key(overrides, name, tiny_mnist1d):
     with pytest.raises(ConfigError, match=name):
         _load_and_build([*TINY, *overrides], tiny_mnist1d)
+
+
+def test_muon_on_a_model_without_hidden_matrices_is_refused(capsys, tmp_path):
+    one_line_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "never"), "--set", "optimizer=muon",
+                            "--set", "model=cnn1d"], "optimizer muon: model cnn1d has no hidden weight matrix",
+                   "use adamw")

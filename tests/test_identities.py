@@ -8,7 +8,7 @@ import torch
 from conftest import small_config, train_final
 from gossamer.data.partition import iid_epoch_indices
 from gossamer.engines.sim import SimEngine
-from gossamer.models import build_model, no_decay_mask
+from gossamer.models import build_model, hidden_matrices, no_decay_mask
 from gossamer.topology import build_topology
 from gossamer.train import build_run, lr_at, train
 
@@ -135,3 +135,34 @@ def test_local_gossip_with_h1_is_d_sgd_and_with_h_gt_1_is_not():
     local_summary, local = train_final("algorithm=gossip", "local_steps=4", "momentum=0.9")
     assert (local.workers.X - dsgd.workers.X).abs().max() > 1e-6
     assert local_summary["comm_rounds"] == summary["comm_rounds"] // 4 == 6
+
+
+@pytest.mark.parametrize("lr_scale", ["original", "match_rms_adamw"])
+def test_one_worker_muon_equals_torch_muon_and_adamw(lr_scale):
+    """optimizer: muon against torch.optim.Muon (torch 2.13) on the hidden matrices and torch.optim.AdamW
+    on the rest (decay off for biases), one worker, float64; Muon's Newton–Schulz runs in bfloat16 in both."""
+    cfg = small_config("workers=1", "optimizer=muon", "lr=0.003", "weight_decay=0.01", "model=mlp",
+                       f"muon_lr_scale={lr_scale}", "muon_momentum=0.9", "epochs=1")
+    run = build_run(cfg)
+    train(cfg, run)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, run.data).double()
+    params = list(model.parameters())
+    hidden, skip = hidden_matrices(model), no_decay_mask(model)
+    assert sum(hidden) == 2  # the MLP's two hidden layers; the output layer and the biases take AdamW
+    muon = torch.optim.Muon([p for p, h in zip(params, hidden) if h], lr=cfg.lr, weight_decay=cfg.weight_decay,
+                            momentum=0.9, nesterov=True, adjust_lr_fn=lr_scale)
+    adamw = torch.optim.AdamW([{"params": [p for p, h, s in zip(params, hidden, skip) if not h and not s]},
+                               {"params": [p for p, h, s in zip(params, hidden, skip) if not h and s],
+                                "weight_decay": 0.0}], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    data, S = run.data, run.steps_per_epoch
+    idx = iid_epoch_indices(len(data.y_train), 1, cfg.batch_size, 0, cfg.seed)
+    for s in range(S):
+        muon.zero_grad()
+        adamw.zero_grad()
+        torch.nn.functional.cross_entropy(model(data.x_train[idx[s, 0]]), data.y_train[idx[s, 0]]).backward()
+        muon.step()
+        adamw.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in params])
+    torch.testing.assert_close(run.workers.X[0], expected, atol=FLOAT64, rtol=0)

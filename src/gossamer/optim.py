@@ -123,14 +123,17 @@ class Adam(RowOptimizer):
             for name, value in part.items():
                 state[name].index_copy_(0, index, value)
 
-    def _adam(self, X: torch.Tensor, G: torch.Tensor, lr: float, state: dict[str, torch.Tensor], t: int) -> None:
+    def _adam(self, X: torch.Tensor, G: torch.Tensor, lr: float, state: dict[str, torch.Tensor], t: int,
+              cols: slice = slice(None)) -> None:
+        """Adam's step on the columns ``cols`` of the rows given (every row with step count t)."""
         beta1, beta2 = self.betas
+        X, G = X[:, cols], G[:, cols]
         if self.decay is not None:
             if self.decoupled:
-                X.addcmul_(X, self.decay, value=-lr)
+                X.addcmul_(X, self.decay[cols], value=-lr)
             else:
-                G.addcmul_(X, self.decay)
-        m, v = state["exp_avg"], state["exp_avg_sq"]
+                G.addcmul_(X, self.decay[cols])
+        m, v = state["exp_avg"][:, cols], state["exp_avg_sq"][:, cols]
         m.lerp_(G, 1 - beta1)
         v.mul_(beta2).addcmul_(G, G, value=1 - beta2)
         denom = (v.sqrt() / math.sqrt(1 - beta2**t)).add_(self.eps)
@@ -149,6 +152,60 @@ class Adam(RowOptimizer):
     def reset_(self, row: int) -> None:
         super().reset_(row)
         self.steps[row] = 0
+
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # (a, b, c): Muon's quintic Newton–Schulz iteration
+NS_EPS = 1e-7
+MUON_LR_SCALES = ("original", "match_rms_adamw")
+
+
+def newton_schulz(M: torch.Tensor, steps: int) -> torch.Tensor:
+    """≈ U Vᵀ of each matrix M = U S Vᵀ of the batch [m, A, B], as torch.optim.Muon computes it:
+    in bfloat16, the wide orientation, M / max(‖M‖_F, ε), then ``steps`` times
+    X ← a X + (b XXᵀ + c (XXᵀ)²) X (bit for bit torch's per-matrix iteration, checked in the tests)."""
+    a, b, c = NS_COEFFICIENTS
+    X = M.bfloat16()
+    tall = M.shape[-2] > M.shape[-1]
+    if tall:
+        X = X.mT
+    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=NS_EPS)
+    for _ in range(steps):
+        gram = X @ X.mT
+        X = torch.baddbmm(X, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), X, beta=a)
+    return X.mT if tall else X
+
+
+class Muon(Adam):
+    """Muon on the hidden weight matrices, AdamW on every other parameter (the MuLoCo split;
+    torch.optim.Muon and torch.optim.AdamW semantics, per worker).
+
+    On each hidden matrix W (A × B, columns ``matrices``): B ← μB + (1 − μ)g; U = (1 − μ)g + μB
+    with Nesterov, else B; O = NS(U) (:func:`newton_schulz`); W ← W(1 − ηλ) − η·s·O, s = √max(1, A/B)
+    (``original``, Keller Jordan's) or 0.2·√max(A, B) (``match_rms_adamw``, Moonshot's: the update's
+    RMS of AdamW's, so one η serves both). The rest takes AdamW's step with the worker's step count."""
+
+    def __init__(self, X: torch.Tensor, matrices: list, momentum: float, nesterov: bool, ns_steps: int,
+                 lr_scale: str, betas: tuple[float, float], eps: float, decay: torch.Tensor | None):
+        super().__init__(X, betas, eps, decay, decoupled=True)
+        self.momentum, self.nesterov, self.ns_steps, self.lr_scale = momentum, nesterov, ns_steps, lr_scale
+        self.matrices = [(slice(s.offset, s.offset + s.numel), tuple(s.shape),
+                          0.0 if decay is None else float(decay[s.offset])) for s in matrices]  # (cols, (A, B), λ)
+        bounds = [0, *(b for cols, _, _ in self.matrices for b in (cols.start, cols.stop)), X.shape[1]]
+        self.others = [slice(a, b) for a, b in zip(bounds[::2], bounds[1::2]) if b > a]
+        self.rows["momentum"] = torch.zeros_like(X)
+
+    def _adam(self, X, G, lr, state, t, cols=slice(None)) -> None:
+        for others in self.others:
+            super()._adam(X, G, lr, state, t, others)
+        for cols, (A, B), decay in self.matrices:
+            x, g, buf = X[:, cols], G[:, cols], state["momentum"][:, cols]
+            buf.lerp_(g, 1 - self.momentum)
+            update = g.lerp(buf, self.momentum) if self.nesterov else buf
+            O = newton_schulz(update.reshape(-1, A, B), self.ns_steps).reshape(x.shape).to(x.dtype)
+            if decay:
+                x.mul_(1 - lr * decay)
+            scale = math.sqrt(max(1, A / B)) if self.lr_scale == "original" else 0.2 * math.sqrt(max(A, B))
+            x.add_(O, alpha=-lr * scale)
 
 
 # ---------------------------------------------------------------- registry: options and builders
@@ -191,6 +248,33 @@ def _adam(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> Adam:
 @OPTIMIZERS.register("adamw", options=AdamOptions, example=("lr=0.003", "weight_decay=0.01"), help="AdamW (decoupled weight decay), local moments")
 def _adamw(cfg, X: torch.Tensor, decay: torch.Tensor | None) -> Adam:
     return Adam(X, tuple(cfg.adam_betas), cfg.adam_eps, decay, decoupled=True)
+
+
+@dataclass
+class MuonOptions(AdamOptions):  # adam_betas, adam_eps: the AdamW part's
+    muon_momentum: float = 0.95  # μ of the hidden matrices' momentum (torch.optim.Muon's default)
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5  # Newton–Schulz iterations
+    muon_lr_scale: str = "match_rms_adamw"  # original (√max(1, A/B)) | match_rms_adamw (0.2·√max(A, B): one lr for both)
+
+    def validate(self, cfg) -> None:
+        super().validate(cfg)
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError(f"muon_momentum must be in [0, 1), got {self.muon_momentum}")
+        if not 1 <= self.muon_ns_steps < 100:
+            raise ConfigError(f"muon_ns_steps must be an integer in [1, 100), got {self.muon_ns_steps}")
+        if self.muon_lr_scale not in MUON_LR_SCALES:
+            raise ConfigError(f"unknown muon_lr_scale '{self.muon_lr_scale}'; choose one of: {', '.join(MUON_LR_SCALES)}")
+
+
+@OPTIMIZERS.register("muon", options=MuonOptions, example=("lr=0.003", "model=mlp"), matrices=True,
+                     help="Muon on the hidden weight matrices, AdamW on the rest (MuLoCo's inner optimizer)")
+def _muon(cfg, X: torch.Tensor, decay: torch.Tensor | None, matrices: list) -> Muon:
+    if not matrices:
+        raise ConfigError(f"optimizer muon: model {cfg.model} has no hidden weight matrix (a 2-D weight that is "
+                          f"neither an embedding nor the output layer); use adamw")
+    return Muon(X, matrices, cfg.muon_momentum, cfg.muon_nesterov, cfg.muon_ns_steps, cfg.muon_lr_scale,
+                tuple(cfg.adam_betas), cfg.adam_eps, decay)
 
 
 def decay_vector(slots, no_decay: list[bool], weight_decay: float, like: torch.Tensor) -> torch.Tensor | None:

@@ -30,7 +30,7 @@ from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch, validation_split
 from .engines import Engine, build_engine
 from .faults import Faults
-from .models import Footprint, build_model, footprint, no_decay_mask
+from .models import Footprint, build_model, footprint, hidden_matrices, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
 from .rng import host_stream
@@ -170,7 +170,10 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     workers = WorkerMatrix(model, engine.m, device, backend=cfg.grad_backend, loss=task.loss)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
     decay = decay_vector(workers.param_slots, no_decay, cfg.weight_decay, workers.X)
-    optimizer = OPTIMIZERS[cfg.optimizer].build(cfg, workers.X, decay)
+    entry = OPTIMIZERS[cfg.optimizer]  # one that steps the hidden matrices alone is given them (muon)
+    matrices = {"matrices": [s for s, hidden in zip(workers.param_slots, hidden_matrices(model)) if hidden]} \
+        if entry.traits.get("matrices") else {}
+    optimizer = entry.build(cfg, workers.X, decay, **matrices)
     clock = build_clock(cfg, model, data, task.loss, device)
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
                       reference, total_steps=cfg.epochs * steps, clock=clock)

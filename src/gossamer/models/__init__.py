@@ -187,5 +187,14 @@ def no_decay_mask(model: nn.Module) -> list[bool]:
     return [p.ndim <= 1 or id(p) in norm_params for _, p in model.named_parameters()]
 
 
+def hidden_matrices(model: nn.Module) -> list[bool]:
+    """Per parameter, in named_parameters() order: True for a hidden layer's weight matrix (ndim 2,
+    neither an embedding's table nor the output layer: the last Linear) — the ones Muon steps."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    outside = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    outside |= {id(linears[-1].weight)} if linears else set()
+    return [p.ndim == 2 and id(p) not in outside for _, p in model.named_parameters()]
+
+
 __all__ = ["CNN1D", "CharTransformer", "Footprint", "MLP", "MODELS", "ResNet20", "build_model", "footprint",
-           "no_decay_mask"]
+           "hidden_matrices", "no_decay_mask"]
