@@ -288,6 +288,10 @@ def test_an_algorithm_sets_the_values_it_requires_unless_the_user_gave_others():
     (["algorithm=decoupled-momentum", "momentum=0.9"], r"algorithm decoupled-momentum sets momentum to 0.0 \(it keeps "
                                                          r"its own momentum, demo_beta, .*\): drop momentum=0.9"),
     (["algorithm=decoupled-momentum", "optimizer=adam"], "algorithm decoupled-momentum sets optimizer to sgd"),
+    (["algorithm=des-loc", "optimizer=sgd"], "algorithm des-loc sets optimizer to adam or adamw"),
+    (["algorithm=des-loc", "optimizer=adam", "average_optimizer_state=true"],
+     "algorithm des-loc sets average_optimizer_state to false"),
+    (["algorithm=des-loc", "optimizer=adam", "desloc_m2_steps=0"], "desloc_m2_steps must be a positive integer"),
     (["algorithm=allreduce", "sparta_fraction=0.1"], "sparta_fraction does not apply to algorithm 'allreduce'"),
     (["algorithm=local", "fragments=2"], "fragments does not apply to algorithm 'local'"),
 ])
@@ -295,3 +299,59 @@ def test_options_that_do_not_apply_or_are_out_of_range_are_refused(overrides, me
     assert main(["train", "--quiet", *(a for o in overrides for a in ("--set", o))]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and re.search(message, err), err
+
+
+# ---------------------------------------------------------------- DES-LOC
+
+
+def test_des_loc_with_equal_periods_is_local_adam_averaging_its_moments():
+    """Issue 33: K_x = K_u = K_v = H is `local` with Adam and average_optimizer_state at H, bit for bit."""
+    adam = ("optimizer=adam", "lr=0.003", "model=mlp")
+    des_loc, a = train_final("algorithm=des-loc", "local_steps=3", "desloc_m1_steps=3", "desloc_m2_steps=3", *adam)
+    local, b = train_final("algorithm=local", "local_steps=3", "average_optimizer_state=true", *adam)
+    assert torch.equal(a.workers.X, b.workers.X)
+    assert all(torch.equal(a.optimizer.rows[k], b.optimizer.rows[k]) for k in ("exp_avg", "exp_avg_sq"))
+    assert (des_loc["comm_rounds"], des_loc["bytes_per_worker"]) == (local["comm_rounds"], local["bytes_per_worker"])
+
+
+def test_des_loc_is_per_worker_torch_adam_with_three_periods():
+    """Against the paper's algorithm box with torch.optim.Adam (torch 2.13) on 4 model copies, float64:
+    after local step s, the parameters averaged when K_x = 2 divides s, exp_avg when K_u = 3 does,
+    exp_avg_sq when K_v = 4 does; bytes: one all-reduce of d float32 values, 2·(n − 1)/n · 4d a
+    worker, per average."""
+    from conftest import small_config
+    from gossamer.data.partition import iid_epoch_indices
+    from gossamer.models import build_model
+    from gossamer.train import build_run, train
+
+    cfg = small_config("algorithm=des-loc", "optimizer=adam", "lr=0.003", "model=mlp", "local_steps=2",
+                       "desloc_m1_steps=3", "desloc_m2_steps=4")
+    run = build_run(cfg)
+    summary = train(cfg, run)
+    n, S = cfg.workers, run.steps_per_epoch
+    torch.manual_seed(cfg.seed)
+    models = [build_model(cfg, run.data).double() for _ in range(n)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    opts = [torch.optim.Adam(m.parameters(), lr=cfg.lr) for m in models]
+    averages = 0
+    for s in range(1, cfg.epochs * S + 1):
+        idx = iid_epoch_indices(len(run.data.y_train), n, cfg.batch_size, (s - 1) // S, cfg.seed)[(s - 1) % S]
+        for i, (model, opt) in enumerate(zip(models, opts)):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(run.data.x_train[idx[i]]), run.data.y_train[idx[i]]).backward()
+            opt.step()
+        for period, key in ((2, None), (3, "exp_avg"), (4, "exp_avg_sq")):
+            if s % period:
+                continue
+            averages += 1
+            for params in zip(*(m.parameters() for m in models)):
+                values = [p.data if key is None else o.state[p][key] for o, p in zip(opts, params)]
+                mean = torch.stack(values).mean(0)
+                for v in values:
+                    v.copy_(mean)
+    expected = torch.stack([torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in models])
+    torch.testing.assert_close(run.workers.X, expected, atol=2e-15, rtol=0)
+    d = expected.shape[1]
+    assert summary["comm_rounds"] == averages
+    assert summary["bytes_per_worker"] == pytest.approx(averages * 2 * (n - 1) / n * 4 * d, rel=1e-12)

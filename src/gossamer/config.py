@@ -378,18 +378,23 @@ def from_dict(values: dict[str, Any]) -> Config:
 
 
 def _with_required(values: dict[str, Any]) -> dict[str, Any]:
-    """The values the chosen algorithm requires of other keys (its entry's ``requires`` trait, e.g.
-    DeMo's momentum 0) set where the user left them unset; a value the user gave otherwise is
+    """The values the chosen algorithm requires of other keys (its entry's ``requires`` trait: a
+    value, or a tuple of the values it accepts, e.g. DeMo's momentum 0, DES-LOC's adam or adamw)
+    set where the user left them unset (the first accepted); a value the user gave otherwise is
     refused, naming it."""
     algorithm = values.get("algorithm", Config.algorithm)
     if not isinstance(algorithm, str) or algorithm not in ALGORITHMS:
         return values  # refused below, naming the choices
-    required = ALGORITHMS[algorithm].traits.get("requires", {})
-    for key, value in required.items():
-        if key in values and values[key] != value:
-            raise ConfigError(f"algorithm {algorithm} sets {key} to {str(value).lower()} "
-                              f"({ALGORITHMS[algorithm].traits['requires_why']}): drop {key}={short(values[key])}")
-    return {**values, **required}
+    entry = ALGORITHMS[algorithm]
+    chosen = dict(values)
+    for key, value in entry.traits.get("requires", {}).items():
+        accepted = value if isinstance(value, tuple) else (value,)
+        if key in values and values[key] not in accepted:
+            allowed = " or ".join(str(a).lower() for a in accepted)
+            raise ConfigError(f"algorithm {algorithm} sets {key} to {allowed} ({entry.traits['requires_why']}): "
+                              f"drop {key}={short(values[key])}")
+        chosen.setdefault(key, accepted[0])
+    return chosen
 
 
 def _with_plugins(values: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,8 @@ hierarchical local SGD, each with exact or compressed averaging.
   :class:`~gossamer.algorithms.schedule.Phases`).
 - ``hierarchical``: :class:`LocalSGD` with blocks: every H steps the average inside each block
   of consecutive workers (a node), every H_b-th time the global one.
+- ``des-loc`` (:class:`DesLoc`, Iacob et al. 2025): local Adam whose parameters and two moments
+  are averaged with periods of their own.
 """
 
 from __future__ import annotations
@@ -134,6 +136,38 @@ class LocalSGD(Schedule):
         self.sync.load_state_dict(state)
 
 
+@dataclass
+class DesLoc(Schedule):
+    """DES-LOC (Iacob et al. 2025, desynced low-communication adaptive optimizers): each worker runs
+    Adam; after every K_x-th local step the parameters are averaged (x_i ← mean x, and the
+    buffers), after every K_u-th the first moments (m_i ← mean m), after every K_v-th the second
+    (v_i ← mean v) — an all-reduce each, in that order when they coincide. With K_x = K_u = K_v = H
+    it is local Adam averaging its moments with the parameters (``local`` with
+    ``average_optimizer_state``), bit for bit."""
+
+    periods: tuple[int, int, int]  # K_x, K_u, K_v
+    moments: list[torch.Tensor]  # m, v: Adam's rows
+    buffers: list[torch.Tensor] = field(default_factory=list)
+    steps: int = 0  # local steps since start
+
+    def start(self, engine, X: torch.Tensor) -> None:
+        self.steps = 0
+
+    def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
+        self.steps += 1
+        params, first, second = (self.steps % k == 0 for k in self.periods)
+        for rows in ([X] if params else []) + [m for m, due in zip(self.moments, (first, second)) if due] + \
+                (self.buffers if params else []):
+            engine.allreduce_mean_(rows)
+        return {}
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+
+
 # ---------------------------------------------------------------- options and builders
 
 
@@ -181,6 +215,17 @@ class HierarchicalOptions(LocalOptions):
             raise ConfigError(f"block_size must divide workers: {self.block_size} does not divide {cfg.workers}")
 
 
+@dataclass
+class DesLocOptions:
+    local_steps: int = 1  # K_x: local steps between parameter averages
+    desloc_m1_steps: int | None = None  # K_u: local steps between averages of Adam's first moments (None: K_x)
+    desloc_m2_steps: int | None = None  # K_v: local steps between averages of Adam's second moments (None: K_x)
+
+    def validate(self, cfg) -> None:
+        positive_ints(self, "local_steps", *(k for k in ("desloc_m1_steps", "desloc_m2_steps")
+                                             if getattr(self, k) is not None))
+
+
 def switch_step(cfg, steps_per_epoch: int) -> int:
     """Post-local SGD's switch step t′: switch_step, switch_epoch, or the first milestone."""
     if cfg.switch_step is not None:
@@ -223,3 +268,15 @@ def _post_local(cfg, ctx: Context) -> Schedule:
                      help="hierarchical local SGD: block averages every H steps, global every H·H_b (Lin et al.)")
 def _hierarchical(cfg, ctx: Context) -> LocalSGD:
     return _local_sgd(cfg, ctx, cfg.block_size, cfg.block_rounds)
+
+
+@ALGORITHMS.register("des-loc", options=DesLocOptions,
+                     example=("local_steps=2", "desloc_m1_steps=3", "desloc_m2_steps=4"),
+                     requires={"optimizer": ("adam", "adamw"), "average_optimizer_state": False},
+                     requires_why="it is Adam, and averages the moments with their own periods",
+                     help="DES-LOC: local Adam, parameters and the two moments averaged with their own periods "
+                          "(Iacob et al. 2025)")
+def _des_loc(cfg, ctx: Context) -> DesLoc:
+    k_x = cfg.local_steps
+    periods = (k_x, cfg.desloc_m1_steps or k_x, cfg.desloc_m2_steps or k_x)
+    return DesLoc(periods, list(ctx.optimizer_rows), list(ctx.buffer_rows))
