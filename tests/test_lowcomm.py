@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from conftest import train_final
-from gossamer.algorithms.demo import DecoupledMomentum, chunk_size
+from gossamer.algorithms.demo import DecoupledMomentum, demo_blocks
 from gossamer.algorithms.diloco import DiLoCo, OuterSGD, fragment_columns
 from gossamer.algorithms.sparta import Sparta
+from gossamer.algorithms import Step
 from gossamer.cli import main
 from gossamer.codecs import RandomK, build_compressor, check_spec
 from gossamer.config import ConfigError, load_config
+from gossamer.engines.sim import SimEngine
 from gossamer.engines.ledger import allreduce_bytes
 from gossamer.rng import host_stream
 from gossamer.topology import build_topology
@@ -234,35 +236,71 @@ def test_sparta_matches_its_update_rule_and_counts_one_allreduce_of_the_chosen_c
 # ---------------------------------------------------------------- DeMo
 
 
-def test_decoupled_momentum_matches_its_update_rule():
-    X, B = quadratic(n=4, d=6)
-    numels, beta, k = [6], 0.9, 2
-    s = chunk_size(6, 3)
-    demo = DecoupledMomentum(beta, numels, [s], [k], torch.zeros_like(X))
-    got = drive(demo, X.clone(), B, 5, 0.1)
-    D = torch.tensor([[math.sqrt((1 if q else 0.5) * 2 / s) * math.cos(math.pi * (2 * j + 1) * q / (2 * s))
-                       for j in range(s)] for q in range(s)], dtype=X.dtype)
-    X, M = X.clone(), torch.zeros_like(X)
-    for t in range(5):
-        M = beta * M + (X - B)
-        sent = torch.zeros_like(X)
-        for i in range(4):
-            for c in range(6 // s):
-                q = D @ M[i, c * s : (c + 1) * s]
-                top = q.abs().topk(k).indices
-                kept = torch.zeros_like(q)
-                kept[top] = f32(q[top])
-                sent[i, c * s : (c + 1) * s] = D.T @ kept
-        M = M - sent
-        X -= 0.1 * sent.mean(0, keepdim=True).sign()
-    torch.testing.assert_close(got, X, atol=1e-12, rtol=0)
+def demo_reference(X, B, shapes, beta, chunk, k, lrs):
+    """DeMo as the authors' code does it (bloc97/DeMo demo.py at 0e48145, DeMo.step with
+    TransformDCT and CompressDCT), one worker and one tensor at a time, in float64 (values rounded
+    to float32 as they travel): δ ← βδ + lr·g; per block of the tensor as a matrix, the 2-D
+    orthonormal DCT and its top-k by |q|; δ −= what was sent; the gathered components, each the
+    mean over its senders (scatter_reduce mean, include_self=False); IDCT; x ← x − lr·sign."""
+    def dct(s):
+        return torch.tensor([[math.sqrt((1 if q else 0.5) * 2 / s) * math.cos(math.pi * (2 * j + 1) * q / (2 * s))
+                              for j in range(s)] for q in range(s)], dtype=torch.float64)
+
+    def split(n):  # the reference's _get_smaller_split
+        return max(v for v in range(1, min(n, chunk) + 1) if n % v == 0)
+
+    n, X, delta = X.shape[0], X.clone(), torch.zeros_like(X)
+    for lr in lrs:
+        delta = beta * delta + lr * (X - B)
+        Q, start = torch.zeros_like(X), 0
+        for shape in shapes:
+            a, b = (1, shape[0]) if len(shape) == 1 else (shape[0], math.prod(shape[1:]))
+            n1, n2 = split(a), split(b)
+            D1, D2 = dct(n1), dct(n2)
+            kk = min(k, n1 * n2)
+            cols = slice(start, start + a * b)
+            start += a * b
+            gathered_idx, gathered_val = [], []
+            for i in range(n):
+                blocks = delta[i, cols].reshape(a // n1, n1, b // n2, n2).permute(0, 2, 1, 3)  # [Y, X, n1, n2]
+                q = (D1 @ blocks @ D2.T).reshape(a // n1, b // n2, n1 * n2)
+                idx = q.abs().topk(kk, dim=-1).indices
+                val = q.gather(-1, idx).float().double()
+                own = torch.zeros_like(q).scatter_(-1, idx, val).reshape(a // n1, b // n2, n1, n2)
+                delta[i, cols] -= (D1.T @ own @ D2).permute(0, 2, 1, 3).reshape(-1)
+                gathered_idx.append(idx)
+                gathered_val.append(val)
+            mean = torch.zeros(a // n1, b // n2, n1 * n2, dtype=torch.float64).scatter_reduce(
+                -1, torch.cat(gathered_idx, -1), torch.cat(gathered_val, -1), reduce="mean", include_self=False)
+            Q[:, cols] = (D1.T @ mean.reshape(a // n1, b // n2, n1, n2) @ D2).permute(0, 2, 1, 3).reshape(-1)
+        X -= lr * Q.sign()
+    return X
 
 
-def test_decoupled_momentum_all_gathers_k_values_and_indices_per_chunk_every_step():
+@pytest.mark.parametrize("chunk, k", [(3, 2), (2, 4), (4, 5)])
+def test_decoupled_momentum_is_the_authors_rule(chunk, k):
+    """A matrix, a convolution kernel and two vectors; blocks with more and with fewer components
+    than k (then all are sent, as the reference clamps); a warm-up learning rate (which the
+    momentum accumulates: the reference's lr × g)."""
+    shapes = [(6, 4), (3, 2, 2), (5,), (4,)]
+    X, B = quadratic(n=4, d=sum(math.prod(s) for s in shapes))
+    lrs = [0.1 * (t + 1) / 6 for t in range(6)]
+    demo, engine, got = DecoupledMomentum(0.9, demo_blocks(shapes, chunk, k), torch.zeros_like(X)), SimEngine(4), X.clone()
+    demo.start(engine, got)
+    for t, lr in enumerate(lrs):
+        G = got - B
+        demo.on_gradients(engine, got, G, Step(t, lr=lr, measure=False))
+        got.sub_(G, alpha=lr)
+    torch.testing.assert_close(got, demo_reference(X, B, shapes, 0.9, chunk, k, lrs), atol=1e-10, rtol=0)
+
+
+def test_decoupled_momentum_all_gathers_k_values_and_indices_per_block_every_step():
+    """cnn1d's tensors as matrices, blocks of the largest side divisors at most 8, k = 2 per block:
+    conv 25×5 → 5 blocks of 5×5; biases of 25 → 5 blocks of 1×5; convs 25×75 → 75 blocks of 5×5;
+    linear 10×125 → 50 blocks of 5×5; bias of 10 → 2 blocks of 1×5: (5+5+75+5+75+5+50+2)·2 = 444
+    components of 4 value and 4 index bytes."""
     cfg = ["algorithm=decoupled-momentum", "demo_chunk=8", "demo_topk=2"]
-    sizes = [chunk_size(n, 8) for n in (125, 25, 1875, 25, 1875, 25, 1250, 10)]
-    nbytes = 8 * sum(n // s * min(2, s) for n, s in zip((125, 25, 1875, 25, 1875, 25, 1250, 10), sizes))
-    assert record(*cfg, steps=2) == [(t, "all_gather", nbytes, None) for t in (0, 1)]
+    assert record(*cfg, steps=2) == [(t, "all_gather", 444 * 8, None) for t in (0, 1)]
 
 
 # ---------------------------------------------------------------- refusals
@@ -288,6 +326,7 @@ def test_an_algorithm_sets_the_values_it_requires_unless_the_user_gave_others():
     (["algorithm=decoupled-momentum", "momentum=0.9"], r"algorithm decoupled-momentum sets momentum to 0.0 \(it keeps "
                                                          r"its own momentum, demo_beta, .*\): drop momentum=0.9"),
     (["algorithm=decoupled-momentum", "optimizer=adam"], "algorithm decoupled-momentum sets optimizer to sgd"),
+    (["algorithm=decoupled-momentum", "demo_chunk=4", "demo_topk=16"], "demo_topk=16 sends every component"),
     (["algorithm=des-loc", "optimizer=sgd"], "algorithm des-loc sets optimizer to adam or adamw"),
     (["algorithm=des-loc", "optimizer=adam", "average_optimizer_state=true"],
      "algorithm des-loc sets average_optimizer_state to false"),

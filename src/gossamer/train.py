@@ -176,7 +176,8 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     optimizer = entry.build(cfg, workers.X, decay, **matrices)
     clock = build_clock(cfg, model, data, task.loss, device)
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
-                      reference, total_steps=cfg.epochs * steps, clock=clock)
+                      reference, total_steps=cfg.epochs * steps, clock=clock,
+                      shapes=[tuple(s.shape) for s in workers.param_slots])
     schedule = build_schedule(cfg, context)
     _check_target(cfg, task)
     if clock is not None:

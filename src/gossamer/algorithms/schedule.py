@@ -104,6 +104,7 @@ class Context:
     keep_change: bool = False  # gossip: each round's local change also on steps not measured (the hooks' estimate)
     outer_optimizer: object | None = None  # DiLoCo: fragment's columns -> a user's outer optimizer on them
     clock: object | None = None  # the run's network.Clock (with a network section): event-driven schedules' time
+    shapes: list[tuple[int, ...]] = field(default_factory=list)  # the parameter tensors' shapes (of numels)
 
 
 # (local rows that compute, None: all; the models to take them at, None: X; each row's batch count;
