@@ -103,10 +103,12 @@ def test_bad_codec_specs_are_one_line(spec, message):
 # ---------------------------------------------------------------- DiLoCo: compressed, streaming
 
 
-def diloco_reference(X, B, lr, steps, H, fragments, delay=0, alpha=0.0, outer_lr=0.7, mu=0.9, topk=None):
+def diloco_reference(X, B, lr, steps, H, fragments, delay=0, alpha=0.0, outer_lr=0.7, mu=0.9, topk=None, beta=1.0):
     """Streaming DiLoCo from its rules: fragment j (columns cols) sent after step t when
     t + 1 − ⌊jH/F⌋ ≥ 0 is a multiple of H: Δ = mean_i (x_outer − x_i) (top-k per tensor with
-    error feedback if ``topk``: float32 values), a Nesterov outer step; applied after t + τ."""
+    error feedback if ``topk``: float32 values, the buffer decayed by ``beta`` first — SparseLoCo's
+    e ← βe + Δ, as Templar's prepare_gradient_dict at c2397ac), a Nesterov outer step; applied
+    after t + τ."""
     X, F = X.clone(), len(fragments)
     outer, m = X.clone(), torch.zeros_like(X)
     e = torch.zeros_like(X)
@@ -117,7 +119,7 @@ def diloco_reference(X, B, lr, steps, H, fragments, delay=0, alpha=0.0, outer_lr
             if since >= 0 and since % H == 0:
                 delta = outer[:, cols] - X[:, cols]
                 if topk is not None:
-                    v = delta + e[:, cols]
+                    v = delta + beta * e[:, cols]
                     sent = torch.zeros_like(v)
                     for a, b, k in topk[j]:  # (start, stop, k) of each tensor of the fragment
                         idx = v[:, a:b].abs().topk(k, 1).indices
@@ -131,8 +133,9 @@ def diloco_reference(X, B, lr, steps, H, fragments, delay=0, alpha=0.0, outer_lr
     return X
 
 
-def schedule(H, fragments, compression="none", delay=0, alpha=0.0, like=None):
-    comp = None if compression == "none" else [build_compressor(compression, n, like[:, c]) for n, c in fragments]
+def schedule(H, fragments, compression="none", delay=0, alpha=0.0, like=None, beta=1.0):
+    comp = None if compression == "none" else [build_compressor(compression, n, like[:, c], decay=beta)
+                                                for n, c in fragments]
     return DiLoCo(H, [OuterSGD(0.7, 0.9) for _ in fragments], [], [c for _, c in fragments], comp, delay, alpha)
 
 
@@ -149,12 +152,16 @@ def test_streaming_diloco_matches_its_update_rule():
     torch.testing.assert_close(got, diloco_reference(X, B, 0.1, 20, 6, cols, delay=1, alpha=0.5), atol=1e-12, rtol=0)
 
 
-def test_diloco_with_compressed_pseudo_gradients_matches_its_update_rule():
+@pytest.mark.parametrize("beta", [1.0, 0.5])
+def test_diloco_with_compressed_pseudo_gradients_matches_its_update_rule(beta):
     X, B = identical_start()
     frags = [([2, 3], slice(0, 5)), ([1], slice(5, 6))]
-    got = drive(schedule(4, frags, "ef-top-k:0.4", like=X), X.clone(), B, 17, 0.1)
-    ref = diloco_reference(X, B, 0.1, 17, 4, [c for _, c in frags], topk=[[(0, 2, 1), (2, 5, 2)], [(0, 1, 1)]])
+    got = drive(schedule(4, frags, "ef-top-k:0.4", like=X, beta=beta), X.clone(), B, 17, 0.1)
+    ref = diloco_reference(X, B, 0.1, 17, 4, [c for _, c in frags], topk=[[(0, 2, 1), (2, 5, 2)], [(0, 1, 1)]],
+                           beta=beta)
     torch.testing.assert_close(got, ref, atol=1e-12, rtol=0)
+    if beta == 1.0:  # ef_decay 1 is plain error feedback bit for bit
+        assert torch.equal(got, drive(schedule(4, frags, "ef-top-k:0.4", like=X), X.clone(), B, 17, 0.1))
 
 
 def test_one_fragment_without_delay_or_mixing_is_diloco_bit_for_bit():
@@ -323,6 +330,8 @@ def test_an_algorithm_sets_the_values_it_requires_unless_the_user_gave_others():
     (["algorithm=diloco", "outer_gamma=0.5"], "outer_gamma applies only with an outer_topology"),
     (["algorithm=diloco", "outer_topology=ring", "compression=sign"], "outer_topology .NoLoCo. needs compression: none"),
     (["algorithm=sparta", "sparta_fraction=0"], r"sparta_fraction must be in \(0, 1\]"),
+    (["algorithm=diloco", "ef_decay=0.9"], "ef_decay applies only with an error-feedback codec"),
+    (["algorithm=diloco", "compression=ef-top-k:0.1", "ef_decay=1.5"], r"ef_decay must be in \[0, 1\]"),
     (["algorithm=decoupled-momentum", "momentum=0.9"], r"algorithm decoupled-momentum sets momentum to 0.0 \(it keeps "
                                                          r"its own momentum, demo_beta, .*\): drop momentum=0.9"),
     (["algorithm=decoupled-momentum", "optimizer=adam"], "algorithm decoupled-momentum sets optimizer to sgd"),

@@ -408,15 +408,16 @@ def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0,
 @dataclass
 class Compressor:
     """One compressed channel (one sync level, or CHOCO's messages): a codec and, with error
-    feedback, its residual e."""
+    feedback, its residual e, decayed by β (``decay``; SparseLoCo's error feedback, 1: plain)."""
 
     codec: Codec
     residual: torch.Tensor | None = None
+    decay: float = 1.0
 
     def compress(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
-        """The messages for Δ (+ e); with error feedback, e ← (Δ + e) − C(Δ + e)."""
+        """The messages for Δ (+ βe); with error feedback, e ← (Δ + βe) − C(Δ + βe)."""
         if self.residual is not None:
-            delta = delta + self.residual
+            delta = torch.add(delta, self.residual, alpha=self.decay)
         messages = self.codec.encode(delta, round, rows)
         if self.residual is not None:
             self.residual = delta - self.codec.decode(messages, round)
@@ -424,14 +425,15 @@ class Compressor:
 
 
 def build_compressor(spec: str, numels: list[int], like: torch.Tensor, seed: int = 0,
-                     contractive: bool = False) -> Compressor:
+                     contractive: bool = False, decay: float = 1.0) -> Compressor:
     """The compressor named by ``spec`` (``none``, ``sign``, ``ef-top-k:0.01``, ...) for rows
-    shaped like ``like``. Error feedback always uses the contractive form of a codec."""
+    shaped like ``like``; ``decay``: β of its error feedback. Error feedback always uses the
+    contractive form of a codec."""
     if spec == "none":
         return Compressor(Identity(numels))
     error_feedback = spec.startswith(ERROR_FEEDBACK)
     codec = build_codec(spec.removeprefix(ERROR_FEEDBACK), numels, like.dtype, seed, contractive or error_feedback)
-    return Compressor(codec, torch.zeros_like(like) if error_feedback else None)
+    return Compressor(codec, torch.zeros_like(like) if error_feedback else None, decay)
 
 
 def check_spec(spec: str) -> None:

@@ -1,8 +1,9 @@
 """DiLoCo (Douillard et al. 2023) and its low-communication variants: H inner steps, then an
 outer step on the pseudo-gradient Δ = x_outer − x_i.
 
-- compressed outer gradients (SparseLoCo, Sarfi et al. 2025): each worker sends C(Δ_i (+ e_i)),
-  all-gathered; error feedback keeps each worker's residual e_i;
+- compressed outer gradients (SparseLoCo, Sarfi et al. 2025): each worker sends C(Δ_i (+ β e_i)),
+  all-gathered; error feedback keeps each worker's residual e_i, decayed by β (``ef_decay``, as
+  Templar's SparseLoCo code, tplr-ai/templar c2397ac ``prepare_gradient_dict``);
 - Streaming DiLoCo (Douillard et al. 2025): F fragments synchronised at staggered steps, the outer
   update applied τ inner steps after it was sent, mixed with the local fragment by α;
 - NoLoCo (Kolehmainen et al. 2025): the outer step averages with the neighbours of an outer
@@ -17,7 +18,7 @@ from typing import Protocol
 
 import torch
 
-from ..codecs import Compressor, build_compressor, check_spec
+from ..codecs import ERROR_FEEDBACK, Compressor, build_compressor, check_spec
 from ..faults import REJOIN_MODES
 from ..optim import SGD
 from ..registry import ConfigError, positive_ints
@@ -174,6 +175,7 @@ class DiLoCoOptions:
     outer_lr: float = 0.7
     outer_momentum: float = 0.9  # Nesterov
     compression: str = "none"  # the pseudo-gradients' codec (all-gathered): ef-top-k:0.03+quant:2, ...
+    ef_decay: float = 1.0  # β: the error-feedback buffer e ← βe + Δ before it is compressed (SparseLoCo; 1: plain)
     fragments: int = 1  # F: Streaming DiLoCo's fragments, synced at staggered steps
     fragment_delay: int = 0  # τ: inner steps between sending a fragment and applying its outer update
     fragment_alpha: float = 0.0  # α: x_i ← α x_i + (1 − α) x_outer when it is applied
@@ -190,6 +192,11 @@ class DiLoCoOptions:
                               f"got {self.outer_lr} and {self.outer_momentum}")
         if self.compression != "none":
             check_spec(self.compression)
+        if self.ef_decay != 1.0 and not self.compression.startswith(ERROR_FEEDBACK):
+            raise ConfigError(f"ef_decay applies only with an error-feedback codec (compression: ef-..., e.g. "
+                              f"ef-top-k:0.03+quant:2), got compression: {self.compression}")
+        if not 0 <= self.ef_decay <= 1:
+            raise ConfigError(f"ef_decay must be in [0, 1], got {self.ef_decay}")
         if cfg.faults is not None and (self.fragments > 1 or self.outer_topology != "none" or self.compression != "none"):
             raise ConfigError("faults: diloco drops workers with fragments: 1, outer_topology: none and compression: "
                               "none only")
@@ -220,8 +227,8 @@ def _diloco(cfg, ctx: Context) -> DiLoCo:
     outers = [ctx.outer_optimizer(cols) if ctx.outer_optimizer else OuterSGD(cfg.outer_lr, cfg.outer_momentum)
               for cols in fragments]
     compressors = None if cfg.compression == "none" else \
-        [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed)
-         for cols in fragments]
+        [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed,
+                          decay=cfg.ef_decay) for cols in fragments]
     topology = None if cfg.outer_topology == "none" else build_topology(cfg.outer_topology, cfg.workers, cfg.seed)
     if topology is not None and not topology.doubly_stochastic:  # x̄ would drift
         raise ConfigError(f"outer_topology '{cfg.outer_topology[:100]}' is only column stochastic: NoLoCo needs a "
