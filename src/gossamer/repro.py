@@ -454,8 +454,10 @@ def low_communication(scale: str, quick: bool) -> Suite:
     Transformer, n = 8: DiLoCo (H inner AdamW steps, outer Nesterov lr 0.7, μ 0.9), DiLoCo with
     its pseudo-gradients top-k 3 % + 2-bit with error feedback (SparseLoCo's codec), streaming
     DiLoCo (F = 4 fragments, τ = 5), NoLoCo (the outer step on the one-peer exponential graph),
-    SPARTA (p = 0.005 of the coordinates averaged every step) and DeMo (its sign step, defaults
-    s = 64, k = 32). Each variant trains on each of LOWCOMM_NETWORKS — the same training (a fixed
+    SPARTA (p = 0.005 of the coordinates averaged every step), DeMo (its sign step, defaults
+    s = 64, k = 32), SparseLoCo (the codec with its decayed error feedback, β = 0.9, and no outer
+    momentum), MuLoCo (DiLoCo with Muon inner steps), local AdamW averaging its moments every H and
+    DES-LOC (parameters every H, first moments every 2H, second every 5H). Each variant trains on each of LOWCOMM_NETWORKS — the same training (a fixed
     ``compute_ms``, measurement free), only the simulated time differs. CPU scale only: the
     papers' models (150 M–1 B parameters) are beyond this simulator's CPU budget."""
     if scale == "paper":
@@ -477,7 +479,14 @@ def low_communication(scale: str, quick: bool) -> Suite:
                (f"streaming DiLoCo H={H} F={F} τ={tau}", [*diloco, f"fragments={F}", f"fragment_delay={tau}"]),
                (f"NoLoCo H={H} one-peer-exp", [*diloco, "outer_topology=one-peer-exponential"]),
                ("SPARTA p=0.005", ["algorithm=sparta", "sparta_fraction=0.005"]),
-               ("DeMo", ["algorithm=decoupled-momentum", "optimizer=sgd", "momentum=0", "nesterov=false"])]
+               ("DeMo", ["algorithm=decoupled-momentum", "optimizer=sgd", "momentum=0", "nesterov=false"]),
+               (f"SparseLoCo H={H} (ef_decay 0.9, outer momentum 0)",
+                [*diloco, "compression=ef-top-k:0.03+quant:2", "ef_decay=0.9", "outer_momentum=0"]),
+               (f"MuLoCo H={H} (Muon inner)", [*diloco, "optimizer=muon"]),
+               (f"local AdamW H={H}, moments averaged", ["algorithm=local", f"local_steps={H}",
+                                                          "average_optimizer_state=true"]),
+               (f"DES-LOC K=({H},{2 * H},{5 * H})", ["algorithm=des-loc", "optimizer=adamw", f"local_steps={H}",
+                                                     f"desloc_m1_steps={2 * H}", f"desloc_m2_steps={5 * H}"])]
     rows = {label: [f"{label} on {net}" for net in LOWCOMM_NETWORKS] for label, _ in methods}
     for net in LOWCOMM_NETWORKS:  # on each network, all-reduced AdamW is the baseline
         runs = [Variant(f"{label} on {net}", [*overrides, f"network.preset={net}"], n) for label, overrides in methods]
