@@ -110,9 +110,11 @@ def _combinations(optimizers: bool) -> dict[str, list[str]]:
     cases = {}
     for algorithm in ALGORITHMS.entries.values():
         compresses = "compression" in algorithm.keys
+        required = algorithm.traits.get("requires", {})  # what the algorithm sets (DeMo's momentum 0)
+        default = required.get("optimizer", "sgd")  # des-loc: adam
+        default = default[0] if isinstance(default, tuple) else default
         for codec in codecs() if compresses else ["none"]:
-            for optimizer in OPTIMIZERS.entries.values() if optimizers and codec == "none" else [OPTIMIZERS["sgd"]]:
-                required = algorithm.traits.get("requires", {})  # what the algorithm sets (DeMo's momentum 0)
+            for optimizer in OPTIMIZERS.entries.values() if optimizers and codec == "none" else [OPTIMIZERS[default]]:
                 overrides = [f"algorithm={algorithm.name}",
                              *([f"compression={codec}"] if codec != "none" else []),
                              f"optimizer={optimizer.name}",
@@ -147,15 +149,17 @@ def covering(optimizers: bool = True) -> dict[str, list[str]]:
 
 def representatives(first_codec: int = 0, features: tuple[str, ...] = ("gossip-ring", "gossip-frequency",
                                                                        "simulated-time")) -> dict[str, list[str]]:
-    """A subset for costly engines: each algorithm once with SGD — compressed where it compresses,
-    the codecs taken in turn across algorithms from the ``first_codec``-th — and the named FEATURES."""
+    """A subset for costly engines: each algorithm once with SGD (or the optimizer it requires) —
+    compressed where it compresses, the codecs taken in turn across algorithms from the
+    ``first_codec``-th — and the named FEATURES."""
     chosen, compressed = {}, [c for c in codecs() if c != "none"]
     turn = first_codec % len(compressed)
     cases = combinations(optimizers=False)
     for algorithm in ALGORITHMS.names():
         for codec in [*compressed[turn:], *compressed[:turn], "none"]:
-            if f"{algorithm}-{codec}-sgd" in cases:
-                chosen[f"{algorithm}-{codec}-sgd"] = cases[f"{algorithm}-{codec}-sgd"]
+            name = next((k for k in cases if k.startswith(f"{algorithm}-{codec}-")), None)
+            if name is not None:
+                chosen[name] = cases[name]
                 turn = (compressed.index(codec) + 1) % len(compressed) if codec != "none" else turn
                 break
     return {**chosen, **{name: FEATURES[name] for name in features}}
