@@ -9,8 +9,11 @@ same decorators the built-ins use, e.g.::
     def build(cfg, ctx) -> Schedule: ...
 
 - registries (``NAME.register(name, options=..., help=..., example=..., **traits)``): ALGORITHMS
-  (builder ``(cfg, ctx: Context) -> Schedule``), CODECS, TOPOLOGIES, OPTIMIZERS (``(cfg, X, decay)``),
-  MODELS (``(cfg, data) -> nn.Module``), DATASETS (``(cfg) -> Dataset``);
+  (builder ``(cfg, ctx: Context) -> Schedule``; trait ``requires={key: value or (accepted, ...)}``
+  with ``requires_why``: the values it sets of other keys), CODECS, TOPOLOGIES, OPTIMIZERS
+  (``(cfg, X, decay)``; with the trait ``matrices=True``, ``(cfg, X, decay, matrices)``: the slots
+  of the hidden weight matrices, as Muon takes them), MODELS (``(cfg, data) -> nn.Module``),
+  DATASETS (``(cfg) -> Dataset``);
 - the schedule protocol: :class:`Schedule`, :class:`Step`, :class:`StepIO`, :class:`Stepped`,
   :class:`Context`, :func:`synchronous_step`, :func:`shared_rows`; the gossip graph of an
   algorithm: :class:`GraphOptions`, :func:`build_graph`, :func:`gossip_state`;
