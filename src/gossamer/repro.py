@@ -24,8 +24,9 @@ control from the local estimate with control from the exact Ξ), ``decentralized
 and All-Reduce), ``stragglers`` (slow and jittery workers: synchronous schedules and AD-PSGD on
 per-worker clocks), ``topologies`` (static, time-varying, finite-time and random per-round graphs:
 which of the spectral gap and the effective number of neighbours ranks their accuracy),
-``low-communication`` (the DiLoCo family — compressed, streaming, NoLoCo — SPARTA and DeMo
-against all-reduced AdamW: test loss against bytes and simulated time; CPU scale only),
+``low-communication`` (the DiLoCo family — compressed, streaming, NoLoCo, SparseLoCo, MuLoCo —
+SPARTA, DeMo, local AdamW and DES-LOC against all-reduced AdamW: test loss against bytes and
+simulated time; CPU scale only),
 ``faults`` (workers lost mid-run and churned, both rejoin modes; CPU scale only).
 """
 
