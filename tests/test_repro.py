@@ -18,10 +18,10 @@ from gossamer.repro import (KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, LOWCOMM_NETWORK
 @pytest.mark.parametrize("suite", sorted(SUITES))
 def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     out = tmp_path / suite
-    assert main(["repro", suite, "--quick", "--out", str(out), "--set", "weight_decay=0"]) == 0
+    assert main(["repro", suite, "--quick", "--first-seed", "3", "--out", str(out), "--set", "weight_decay=0"]) == 0
     assert "sample gradients; ≈" in capsys.readouterr().out  # the estimated work, printed first
     table = (out / "results.md").read_text()
-    assert f"gossamer repro {suite} --seeds 1 --quick --set weight_decay=0`" in table
+    assert f"gossamer repro {suite} --seeds 1 --first-seed 3 --quick --set weight_decay=0`" in table
     for run in (p for p in out.iterdir() if p.is_dir()):  # the override reached every run
         assert yaml.safe_load((run / "config.yaml").read_text())["weight_decay"] == 0
     for variant in build_suite(suite, "cpu", quick=True).variants:  # time-to-accuracy: a column per network
@@ -70,10 +70,10 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     if suite == "low-communication":  # DiLoCo sends the model every H steps; the chain ~1/27 of that
         fast, slow = LOWCOMM_NETWORKS[1], LOWCOMM_NETWORKS[0]
         for variant in (v.name for v in build_suite(suite, "cpu", quick=True).variants if v.name.endswith(fast)):
-            a, b = (read_summary(out / f"{_slug(v)}-seed0") for v in (variant, variant.replace(fast, slow)))
+            a, b = (read_summary(out / f"{_slug(v)}-seed3") for v in (variant, variant.replace(fast, slow)))
             assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
             assert b["sim_seconds"] > a["sim_seconds"] > 0
-        plain = read_summary(out / f"{_slug('DiLoCo H=2 on ' + fast)}-seed0")
+        plain = read_summary(out / f"{_slug('DiLoCo H=2 on ' + fast)}-seed3")
         assert mean("DiLoCo H=2", "× fewer bytes") == plain["steps"] / plain["comm_rounds"]
         assert mean("DiLoCo H=2 + ef-top-k:0.03+quant:2", "MB/worker") < mean("DiLoCo H=2", "MB/worker") / 5
 
@@ -92,7 +92,7 @@ def the_network_changes_time_not_training(out, table: str) -> None:
     slow one; control's extra rounds cost seconds."""
     fast, slow = LIN_NETWORKS
     for variant in (v for v in build_suite("time-to-accuracy", "cpu", quick=True).variants if v.name.endswith(fast)):
-        a, b = (json.loads((out / f"{_slug(v)}-seed0" / "summary.json").read_text())
+        a, b = (json.loads((out / f"{_slug(v)}-seed3" / "summary.json").read_text())
                 for v in (variant.name, variant.name.replace(fast, slow)))
         assert {k: v for k, v in a.items() if "seconds" not in k} == {k: v for k, v in b.items() if "seconds" not in k}
         assert b["sim_seconds"] > a["sim_seconds"] > 0 and b["sim_seconds_to_target"] >= a["sim_seconds_to_target"]

@@ -496,10 +496,10 @@ def low_communication(scale: str, quick: bool) -> Suite:
     return suite
 
 
-def _lowcomm_report(rows: dict[str, list[str]], configs: dict, out: Path, seeds: int) -> str:
+def _lowcomm_report(rows: dict[str, list[str]], configs: dict, out: Path, seeds: range) -> str:
     """A table of the test loss of x̄, bytes per worker (and the factor fewer than the first row's)
     and the simulated time on each network; plots of the test loss against bytes per worker and
-    against simulated time on each network (seed 0)."""
+    against simulated time on each network (the first seed)."""
     first = next(iter(rows.values()))
     nets = [configs[name].network.preset for name in first]
     summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for names in rows.values() for name in names}
@@ -524,7 +524,7 @@ def _lowcomm_report(rows: dict[str, list[str]], configs: dict, out: Path, seeds:
     lines.append("")
     plots = {"bytes.png": ("bytes", 0), **{f"time-{net}.png": ("time", i) for i, net in enumerate(nets)}}
     for file, (x, i) in plots.items():
-        plot_runs({label: out / f"{_slug(names[i])}-seed0" for label, names in rows.items()}, x, None, out / file,
+        plot_runs({label: out / f"{_slug(names[i])}-seed{seeds[0]}" for label, names in rows.items()}, x, None, out / file,
                   title=file.removesuffix(".png"))
         lines.append(f"![test loss against {'bytes per worker' if x == 'bytes' else 'simulated time'}]({file})")
     return "\n".join(lines) + "\n"
