@@ -187,24 +187,25 @@ class Muon(Adam):
     def __init__(self, X: torch.Tensor, matrices: list, momentum: float, nesterov: bool, ns_steps: int,
                  lr_scale: str, betas: tuple[float, float], eps: float, decay: torch.Tensor | None):
         super().__init__(X, betas, eps, decay, decoupled=True)
-        self.momentum, self.nesterov, self.ns_steps, self.lr_scale = momentum, nesterov, ns_steps, lr_scale
-        self.matrices = [(slice(s.offset, s.offset + s.numel), tuple(s.shape),
-                          0.0 if decay is None else float(decay[s.offset])) for s in matrices]  # (cols, (A, B), λ)
-        bounds = [0, *(b for cols, _, _ in self.matrices for b in (cols.start, cols.stop)), X.shape[1]]
+        self.momentum, self.nesterov, self.ns_steps = momentum, nesterov, ns_steps
+        scale = (lambda A, B: math.sqrt(max(1, A / B))) if lr_scale == "original" else \
+            (lambda A, B: 0.2 * math.sqrt(max(A, B)))
+        self.matrices = [(slice(s.offset, s.offset + s.numel), tuple(s.shape), scale(*s.shape),
+                          0.0 if decay is None else float(decay[s.offset])) for s in matrices]  # (cols, (A, B), s, λ)
+        bounds = [0, *(b for cols, *_ in self.matrices for b in (cols.start, cols.stop)), X.shape[1]]
         self.others = [slice(a, b) for a, b in zip(bounds[::2], bounds[1::2]) if b > a]
         self.rows["momentum"] = torch.zeros_like(X)
 
     def _adam(self, X, G, lr, state, t, cols=slice(None)) -> None:
         for others in self.others:
             super()._adam(X, G, lr, state, t, others)
-        for cols, (A, B), decay in self.matrices:
+        for cols, (A, B), scale, decay in self.matrices:
             x, g, buf = X[:, cols], G[:, cols], state["momentum"][:, cols]
             buf.lerp_(g, 1 - self.momentum)
             update = g.lerp(buf, self.momentum) if self.nesterov else buf
             O = newton_schulz(update.reshape(-1, A, B), self.ns_steps).reshape(x.shape).to(x.dtype)
             if decay:
                 x.mul_(1 - lr * decay)
-            scale = math.sqrt(max(1, A / B)) if self.lr_scale == "original" else 0.2 * math.sqrt(max(A, B))
             x.add_(O, alpha=-lr * scale)
 
 

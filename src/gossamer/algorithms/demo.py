@@ -114,9 +114,10 @@ class DecoupledMomentum(Schedule):
             index.append(top.flatten(1))
         return torch.cat([as_bytes(torch.cat(values, 1)), torch.cat(index, 1).to(torch.int32).view(torch.uint8)], 1)
 
-    def scatter(self, messages: torch.Tensor) -> torch.Tensor:
-        """Messages → [m, 2d]: each one's coefficients in place (zeros elsewhere), then a 1 where
-        it sent a component — so that a mean over senders is a ratio of two means."""
+    def scatter(self, messages: torch.Tensor, senders: bool = False) -> torch.Tensor:
+        """Messages → [m, d]: each one's coefficients in place (zeros elsewhere); with ``senders``
+        [m, 2d], then a 1 where it sent a component — so that a mean over senders is a ratio of two
+        means."""
         sent = sum(b.count * b.k for b in self.blocks)
         values = from_bytes(messages[:, : BYTES_PER_VALUE * sent], self.momentum.dtype)
         index = from_bytes(messages[:, BYTES_PER_VALUE * sent :], torch.int64, torch.int32)
@@ -126,9 +127,9 @@ class DecoupledMomentum(Schedule):
             where = index[:, start : start + size].view(-1, b.count, b.k)
             q = torch.zeros(messages.shape[0], b.count, b.n1 * b.n2, dtype=values.dtype, device=values.device)
             dense.append((q.scatter(2, where, values[:, start : start + size].view(-1, b.count, b.k)),
-                          q.scatter(2, where, 1.0)))
+                          q.scatter(2, where, 1.0) if senders else None))
             start += size
-        return torch.cat([q.flatten(1) for q, _ in dense] + [c.flatten(1) for _, c in dense], 1)
+        return torch.cat([q.flatten(1) for q, _ in dense] + ([c.flatten(1) for _, c in dense] if senders else []), 1)
 
     def _per_tensor(self, flat: torch.Tensor) -> list[torch.Tensor]:
         return [q.view(q.shape[0], b.count, -1) for q, b in zip(flat.split([b.A * b.B for b in self.blocks], 1),
@@ -138,8 +139,8 @@ class DecoupledMomentum(Schedule):
         d = X.shape[1]
         M = self.momentum.mul_(self.beta).add_(G, alpha=step.lr)
         messages = self.encode(M)
-        M.sub_(self.inverse(self._per_tensor(self.scatter(messages)[:, :d]), torch.empty_like(M)))
-        mean = engine.all_gather(messages).mean(self.scatter)  # [m, 2d]: mean values, mean senders
+        M.sub_(self.inverse(self._per_tensor(self.scatter(messages)), torch.empty_like(M)))
+        mean = engine.all_gather(messages).mean(lambda m: self.scatter(m, senders=True))  # mean values, mean senders
         total, senders = mean[:, :d], mean[:, d:]
         Q = torch.where(senders > 0, total / senders.clamp(min=1 / engine.n), 0.0)
         G.copy_(self.inverse(self._per_tensor(Q), G)).sign_()
