@@ -197,9 +197,12 @@ def test_random_set_values_exit_0_or_2_and_lose_nothing(key, value, data, tmp_pa
 TEXT = ("dataset=text", "model=transformer", "text_chars=20000", "context=16", "width=16", "heads=2", "layers=1")
 NEEDS = {"dirichlet_alpha": ("partition=dirichlet",), "sharpness_samples": ("sharpness=true",),
          "sharpness_iterations": ("sharpness=true",), "compute_ms": ("network=ethernet-10g",), "target_loss": TEXT,
-         "intra_node_bandwidth": ("network.workers_per_node=2",), "intra_node_latency": ("network.workers_per_node=2",)}
+         "intra_node_bandwidth": ("network.workers_per_node=2",), "intra_node_latency": ("network.workers_per_node=2",),
+         "clip": ("byzantine.aggregator=centered-clip",),
+         "clip_iterations": ("byzantine.aggregator=centered-clip", "byzantine.clip=1"),
+         "trim": ("byzantine.aggregator=trimmed-mean",), "krum_f": ("byzantine.aggregator=krum",)}
 SECTIONS = {"network": ("network=ethernet-10g",), "consensus": ("consensus.target=constant", "consensus.value=1"),
-            "faults": ("faults.churn=0.1", "faults.downtime=2")}
+            "faults": ("faults.churn=0.1", "faults.downtime=2"), "byzantine": ("byzantine.attack=ipm",)}
 EXTREMES = [".nan", ".inf", "-.inf", "0", "-1", "0.5", "3", "1e308", "-1e308", "5e-324", "2.5e-310", str(2**63 - 1),
             str(2**63), str(-2**63 - 1), "1" + "0" * 400, "-1" + "0" * 400]
 

@@ -25,13 +25,13 @@ class RecordingEngine(SimEngine):
     def _log(self, op: str, X: torch.Tensor, *args) -> None:
         self.calls.append((self.t, op, self.names.get(X.data_ptr(), f"{X.shape[1]} columns"), *args))
 
-    def allreduce_mean_(self, X):
+    def allreduce_mean_(self, X, site="rows"):
         self._log("allreduce", X)
-        super().allreduce_mean_(X)
+        super().allreduce_mean_(X, site)
 
-    def block_mean_(self, X, block_size):
+    def block_mean_(self, X, block_size, site="rows"):
         self._log("block", X, block_size)
-        super().block_mean_(X, block_size)
+        super().block_mean_(X, block_size, site)
 
     def gossip_(self, X, mixing, measure=False):
         self._log("gossip", X)

@@ -4,8 +4,8 @@ A checkpoint holds everything the next step depends on: the parameters X and buf
 every worker's integer buffers), the local optimizer's state and step count, the schedule's
 state (compression references and residuals, the gossip round counter, DiLoCo's outer model and
 momentum, ...), the communication counters, the loop's own state (the EMA of φ², extra rounds),
-the RNG state, the config, with a network section each worker's simulated clock, and with faults
-who is alive (and the churn state). The position in the data order is the step: every epoch's batches
+the RNG state, the config, with a network section each worker's simulated clock, with faults
+who is alive (and the churn state), and with Byzantine workers the robust aggregator's memory. The position in the data order is the step: every epoch's batches
 are a function of (seed, epoch). Tensors with one row per worker sit under ``rows`` keys; an
 engine gathers them from all processes when saving and takes its own rows when restoring.
 
@@ -37,7 +37,8 @@ def capture(run, progress, step: int) -> dict:
             "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
             "comm": run.engine.comm.state_dict(), "progress": progress.state_dict(), "rng": rng,
             **({"clock": run.clock.state_dict()} if run.clock is not None else {}),
-            **({"faults": run.faults.state_dict()} if run.faults is not None else {})}
+            **({"faults": run.faults.state_dict()} if run.faults is not None else {}),
+            **({"byzantine": run.engine.adversary.state_dict()} if run.engine.adversary is not None else {})}
 
 
 def restore(run, progress, state: dict) -> int:
@@ -55,6 +56,8 @@ def restore(run, progress, state: dict) -> int:
         run.clock.load_state_dict(local["clock"])
     if run.faults is not None:
         run.faults.load_state_dict(local["faults"])
+    if run.engine.adversary is not None:
+        run.engine.adversary.load_state_dict(_on(local["byzantine"], w.X.device))
     torch.set_rng_state(local["rng"]["torch"])
     if "cuda" in local["rng"] and w.X.device.type == "cuda":
         torch.cuda.set_rng_state(local["rng"]["cuda"], w.X.device)

@@ -30,6 +30,7 @@ from .algorithms import ALGORITHMS
 from .data import DATASETS
 from .engines import ENGINES
 from .models import MODELS
+from .byzantine import ByzantineConfig
 from .faults import FaultsConfig
 from .network import NetworkConfig, check_compute, parse_jitter, parse_slow_workers
 from . import plugins
@@ -110,6 +111,8 @@ class Config:
     target_loss: float | None = None  # ... or to this test loss (language models)
     # workers that leave and return (gossamer.faults): events, churn, rejoin
     faults: FaultsConfig | None = field(default=None, metadata={"section": FaultsConfig})
+    # workers that lie (gossamer.byzantine): who, their attack, the honest workers' robust aggregator
+    byzantine: ByzantineConfig | None = field(default=None, metadata={"section": ByzantineConfig})
     # Python files or modules imported before the rest is read (gossamer.plugins); recorded as SOURCE#sha256=HEX
     plugins: list[str] | None = None
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
@@ -173,6 +176,10 @@ class Config:
             opts.validate(self)
         if self.faults is not None:
             self.faults.validate(self)
+        if self.byzantine is not None:
+            if self.faults is not None:
+                raise ConfigError("byzantine and faults together are not supported: give one of the two sections")
+            self.byzantine.validate(self)
         return self
 
     def _validate_scales(self) -> None:

@@ -267,8 +267,8 @@ class RecordingEngine(SimEngine):
         self.moved.append(("gossip", mixing, None))  # the wire size is the codec's, not the tensor's
         return super()._exchange(payload, mixing)
 
-    def _all_gather(self, payload, size):
-        self.moved.append(("allgather", size, payload.shape[1]))
+    def _all_gather(self, payload, size):  # bytes, or rows of values (float32 on the wire)
+        self.moved.append(("allgather", size, payload.shape[1] * (1 if payload.dtype == torch.uint8 else BYTES_PER_VALUE)))
         return super()._all_gather(payload, size)
 
 

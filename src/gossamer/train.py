@@ -24,6 +24,7 @@ from torch.optim.swa_utils import update_bn
 from tqdm import tqdm
 
 from .algorithms import Context, Schedule, StepIO, build_schedule, graph_of
+from .byzantine import Adversary
 from .checkpoint import capture, restore
 from .config import Config, ConfigError
 from .data import Dataset, load_dataset
@@ -116,6 +117,10 @@ class Batches:
     def __init__(self, run: Run):
         self.run = run
         self._epochs: dict[int, torch.Tensor] = {}
+        adversary, rows = run.engine.adversary, run.engine.rows
+        flips = adversary is not None and adversary.cfg.attack == "label-flip"
+        self.flipped = torch.as_tensor(np.flatnonzero(adversary.byzantine[rows.start : rows.stop]),
+                                       device=run.data.y_train.device) if flips else None  # local rows, y → C − 1 − y
 
     def epoch(self, e: int) -> torch.Tensor:
         if e not in self._epochs:
@@ -131,7 +136,10 @@ class Batches:
             idx = self.epoch(int(counts) // S)[int(counts) % S]
         else:
             idx = torch.stack([self.epoch(int(k) // S)[int(k) % S, i] for i, k in enumerate(counts)])
-        return self.run.data.train_batch(idx, self.run.engine.rows, host_stream("augment", self.run.cfg.seed, draw))
+        x, y = self.run.data.train_batch(idx, self.run.engine.rows, host_stream("augment", self.run.cfg.seed, draw))
+        if self.flipped is not None:
+            y[self.flipped] = self.run.data.num_classes - 1 - y[self.flipped]
+        return x, y
 
 
 def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = None,
@@ -154,6 +162,10 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     cfg.options["dataset"] = replace(cfg.options["dataset"], **data.resolved)  # e.g. a text's vocabulary
     task = TASKS[data.task]
     engine = engine or build_engine(cfg, device)
+    engine.adversary = Adversary.build(cfg)
+    if engine.adversary is not None and cfg.byzantine.attack == "label-flip" and data.task != "classification":
+        raise ConfigError(f"byzantine.attack label-flip flips class labels; dataset '{cfg.dataset}' is a {data.task} "
+                          f"task")
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
     if cfg.sharpness and (cfg.sharpness_samples or 0) > len(data.y_train):
         raise ConfigError(f"sharpness_samples ({cfg.sharpness_samples}) must be at most the {len(data.y_train)} "
@@ -416,6 +428,8 @@ def train_step(run: Run, progress: Progress, batches: Batches, t: int, lr: float
             raise Diverged(f"training diverged: loss is {row['loss']} at step {t + 1} (epoch "
                            f"{(t + 1) / run.steps_per_epoch:g}, lr {lr:g})")
     step = stepped.step
+    if e.adversary is not None:
+        row["byzantine_workers"] = e.adversary.f
     return {**row, "consensus_distance_sq": e.consensus_distance_sq(w.X), "comm_rounds": e.comm.rounds,
             "bytes_per_worker": e.comm.bytes_per_worker,
             "grad_norm_sq": step.grad_norm_sq, "grad_norm_sq_ema": step.grad_norm_sq_ema, **stepped.metrics}
@@ -511,6 +525,7 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
         **({"bn_eval": cfg.bn_eval} if cfg.bn_eval else {}),
         **_time_summary(run, progress),
         **({"workers_alive_min": run.faults.alive_min} if run.faults is not None else {}),
+        **(run.engine.adversary.summary() if run.engine.adversary is not None else {}),
         "wall_seconds": time.perf_counter() - start,
     }
 

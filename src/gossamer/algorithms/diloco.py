@@ -132,18 +132,22 @@ class DiLoCo(Schedule):
             self._neighbours_step(engine, X, t)
             return
         if j == 0:
-            for rows in self.shared_state:
-                engine.allreduce_mean_(rows)
+            for i, rows in enumerate(self.shared_state):
+                engine.allreduce_mean_(rows, f"state/{i}")
         # the fragment travels while the next τ steps compute (at most until the next send)
         with engine.comm.running_behind(min(self.delay, self.local_steps // len(self.fragments))):
-            if self.compressors is None:
-                mean = X[:, cols].clone()
-                engine.allreduce_mean_(mean)
-            else:
+            if self.compressors is not None:
                 codec = self.compressors[j]
                 messages = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows))
-        self.outers[j].step(outer, outer - mean if self.compressors is None else
-                            messages.mean(lambda m: codec.codec.decode(m, t)))
+                gradient = messages.mean(lambda m: codec.codec.decode(m, t))
+            elif engine.adversary is not None:  # the outer gradients travel, for the robust rule
+                gradient = outer - X[:, cols]
+                engine.allreduce_mean_(gradient, f"outer-gradient/{j}")
+            else:
+                mean = X[:, cols].clone()
+                engine.allreduce_mean_(mean)
+                gradient = outer - mean
+        self.outers[j].step(outer, gradient)
 
     def _neighbours_step(self, engine, X: torch.Tensor, t: int) -> None:
         """NoLoCo's outer step: Δ, x_outer and the buffers in one gossip round (no all-reduce)."""
@@ -200,6 +204,9 @@ class DiLoCoOptions:
         if cfg.faults is not None and (self.fragments > 1 or self.outer_topology != "none" or self.compression != "none"):
             raise ConfigError("faults: diloco drops workers with fragments: 1, outer_topology: none and compression: "
                               "none only")
+        if cfg.byzantine is not None and (self.outer_topology != "none" or self.compression != "none"):
+            raise ConfigError("byzantine: diloco has a Byzantine model with outer_topology: none and compression: "
+                              "none only")
         if self.fragments > self.local_steps:
             raise ConfigError(f"fragments must be at most local_steps={self.local_steps} (each fragment is sent "
                               f"at its own step of the H), got {self.fragments}")
@@ -220,6 +227,7 @@ class DiLoCoOptions:
 
 
 @ALGORITHMS.register("diloco", options=DiLoCoOptions, example=("local_steps=3",), faults=REJOIN_MODES,
+                     byzantine="allreduce",
                      help="DiLoCo: H inner steps, then an outer Nesterov step on the pseudo-gradient; compressed "
                           "(SparseLoCo), streaming (fragments) or on an outer topology (NoLoCo)")
 def _diloco(cfg, ctx: Context) -> DiLoCo:

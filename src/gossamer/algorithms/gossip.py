@@ -277,6 +277,9 @@ class GossipOptions(GraphOptions):
         if self.consensus.measure == "estimate" and self.gossip_form != "step-then-mix":
             raise ConfigError("consensus.measure estimate bounds Ξ with the round that ends the step: "
                               "it needs gossip_form step-then-mix")
+        if cfg.byzantine is not None and "allreduce" in modes:
+            raise ConfigError("byzantine: gossip's Byzantine model is for its gossip rounds; an allreduce phase has "
+                              "none (use algorithm allreduce or post-local for that, or phases without allreduce)")
 
 
 def gossip_phases(cfg) -> tuple[list[str], list[float], str]:
@@ -311,7 +314,7 @@ def _control(cfg, ctx: Context, topology: Topology) -> Controller | FrequencyCon
 
 @ALGORITHMS.register("gossip", options=GossipOptions,
                      example=("topology=one-peer-exponential", "local_steps=2", "phases=[allreduce,gossip,allreduce]",
-                              "phase_steps=[4,8]"), faults=REJOIN_MODES,
+                              "phase_steps=[4,8]"), faults=REJOIN_MODES, byzantine="gossip",
                      help="D-SGD over a topology (a gossip round every H steps), by phase, with consensus control "
                           "(Kong et al.)")
 def _gossip(cfg, ctx: Context) -> Schedule:

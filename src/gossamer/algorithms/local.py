@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..byzantine import byzantine_active
 from ..codecs import Compressor, build_compressor, check_spec
 from ..faults import REJOIN_MODES
 from ..registry import ConfigError, positive_ints
@@ -32,9 +33,10 @@ class ModelSync:
     parameters travel compressed). Compressed (Lin et al.): each worker sends
     C(Δ_i), Δ_i = x_i − x_ref (+ e_i with error feedback, kept by the level's compressor), x_ref
     the group's model at its last sync at that level; then x_i ← x_ref + mean_group C(Δ_j). The
-    messages are all-gathered (they cannot be summed on the way). A global sync also resets the
-    block reference. The references are taken by :meth:`start` (identical models); they and the
-    residuals are the state.
+    messages are all-gathered (they cannot be summed on the way). ``robust`` (Byzantine workers,
+    :mod:`gossamer.byzantine`): the Δ_i travel whole and x_i ← x_ref + the engine's robust
+    aggregate of them. A global sync also resets the block reference. The references are taken
+    by :meth:`start` (identical models); they and the residuals are the state.
     """
 
     compression: str = "none"  # none, or a codec spec (sign, ef-top-k:0.01, ...)
@@ -43,6 +45,7 @@ class ModelSync:
     seed: int = 0  # of random codecs' draws
     levels: tuple[str, ...] = ("global",)
     like: torch.Tensor | None = None  # rows shaped like the parameters (to build the compressors)
+    robust: bool = False  # Byzantine workers: the updates Δ_i aggregated by the engine's robust rule
     ref: dict[str, torch.Tensor] = field(default_factory=dict)
     compressors: dict[str, Compressor] = field(default_factory=dict)
 
@@ -51,22 +54,35 @@ class ModelSync:
             self.compressors = {level: build_compressor(self.compression, self.numels, self.like, self.seed)
                                 for level in self.levels}
 
+    @property
+    def relative(self) -> bool:
+        """Whether the models travel as their change since the last sync (compressed or robust)."""
+        return self.compression != "none" or self.robust
+
     def start(self, X: torch.Tensor) -> None:
         """Take X (identical rows) as the reference of every level."""
-        if self.compression != "none":
+        if self.relative:
             self.ref = {level: X.clone() for level in self.levels}
 
     def __call__(self, engine, X: torch.Tensor, round: int, block_size: int | None = None) -> None:
         """Average X at step ``round`` (which numbers random codecs' draws)."""
         level = "block" if block_size else "global"
-        exact = (X, *self.shared_state) if self.compression == "none" else self.shared_state
-        for rows in exact:
-            engine.block_mean_(rows, block_size) if block_size else engine.allreduce_mean_(rows)
-        if self.compression == "none":
+
+        def mean_(rows: torch.Tensor, site: str) -> None:
+            engine.block_mean_(rows, block_size, site) if block_size else engine.allreduce_mean_(rows, site)
+        for site, rows in ([] if self.relative else [("params", X)]) + \
+                [(f"state/{i}", rows) for i, rows in enumerate(self.shared_state)]:
+            mean_(rows, site)
+        if not self.relative:
             return
-        compressor = self.compressors[level]
-        messages = engine.all_gather(compressor.compress(X - self.ref[level], round, engine.rows), block_size)
-        X.copy_(self.ref[level].add_(messages.mean(lambda m: compressor.codec.decode(m, round))))
+        if self.robust:
+            update = X - self.ref[level]
+            mean_(update, "update")
+        else:
+            compressor = self.compressors[level]
+            messages = engine.all_gather(compressor.compress(X - self.ref[level], round, engine.rows), block_size)
+            update = messages.mean(lambda m: compressor.codec.decode(m, round))
+        X.copy_(self.ref[level].add_(update))
         if level == "global":
             for name, ref in self.ref.items():
                 if name != "global":
@@ -94,7 +110,7 @@ class AllReduce(Schedule):
         return True
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
-        engine.allreduce_mean_(G)
+        engine.allreduce_mean_(G, "gradients")
 
 
 @dataclass
@@ -184,6 +200,9 @@ class LocalOptions:
                 raise ConfigError("average_optimizer_state: true needs compression: none")
             if cfg.faults is not None:
                 raise ConfigError("faults: compressed averages (compression) do not drop workers; use compression: none")
+            if cfg.byzantine is not None:
+                raise ConfigError("byzantine: compressed averages (compression) have no Byzantine model; use "
+                                  "compression: none")
 
 
 @dataclass
@@ -236,23 +255,26 @@ def switch_step(cfg, steps_per_epoch: int) -> int:
 
 def _local_sgd(cfg, ctx: Context, block_size: int | None = None, block_rounds: int = 1) -> LocalSGD:
     levels = ("global", "block") if block_size else ("global",)
-    sync = ModelSync(cfg.compression, ctx.numels, shared_rows(cfg, ctx), cfg.seed, levels, ctx.X)
+    sync = ModelSync(cfg.compression, ctx.numels, shared_rows(cfg, ctx), cfg.seed, levels, ctx.X,
+                     robust=byzantine_active(cfg))
     return LocalSGD(cfg.local_steps, sync, block_size, block_rounds)
 
 
-@ALGORITHMS.register("allreduce", faults=REJOIN_MODES, help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
+@ALGORITHMS.register("allreduce", faults=REJOIN_MODES, byzantine="allreduce",
+                     help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
 def _allreduce(cfg, ctx: Context) -> AllReduce:
     return AllReduce()
 
 
 @ALGORITHMS.register("local", options=LocalOptions, example=("local_steps=3",), faults=REJOIN_MODES,
+                     byzantine="allreduce",
                      help="local SGD: H local steps, then the exact (or compressed) average (Lin et al.)")
 def _local(cfg, ctx: Context) -> LocalSGD:
     return _local_sgd(cfg, ctx)
 
 
 @ALGORITHMS.register("post-local", options=PostLocalOptions, example=("switch_step=5", "local_steps=2"),
-                     faults=REJOIN_MODES,
+                     faults=REJOIN_MODES, byzantine="allreduce",
                      help="post-local SGD: mini-batch SGD until t′, then local SGD (Lin et al.)")
 def _post_local(cfg, ctx: Context) -> Schedule:
     switch = switch_step(cfg, ctx.steps_per_epoch)
@@ -265,6 +287,7 @@ def _post_local(cfg, ctx: Context) -> Schedule:
 
 @ALGORITHMS.register("hierarchical", options=HierarchicalOptions,
                      example=("block_size=2", "block_rounds=2", "local_steps=2"), faults=REJOIN_MODES,
+                     byzantine="allreduce",
                      help="hierarchical local SGD: block averages every H steps, global every H·H_b (Lin et al.)")
 def _hierarchical(cfg, ctx: Context) -> LocalSGD:
     return _local_sgd(cfg, ctx, cfg.block_size, cfg.block_rounds)

@@ -21,7 +21,10 @@ This base turns them into the operators that schedules call, records each in the
 algorithm's traffic by level, measurement traffic apart) and computes Ξ² and the other metrics
 once for every engine. The workers taking part in a step (``alive``, with faults) are honoured
 by every operator: means over their members, gossip over W with the others' edges dropped
-(``repair``), metrics over them. Engines know nothing of algorithms, codecs or files.
+(``repair``), metrics over them. With Byzantine workers (``adversary``, :mod:`gossamer.byzantine`)
+the all-reduce family's means and gossip rounds run the attack and the robust aggregator over
+the same primitives (``_all_gather`` of the rows, ``_exchange`` with the neighbours), and the
+metrics are over the honest workers. Engines know nothing of algorithms, codecs or files.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..byzantine import Adversary
 from ..groups import Groups
 from ..topology import Mixing, keep_living
 from .ledger import BYTES_PER_VALUE, METRICS, Ledger, Transfer
@@ -81,6 +85,7 @@ class Engine:
         self._everyone = Groups.blocks(n, n)
         self._block_groups: dict[int, Groups] = {}
         self._among: dict = {}  # the groups and mixings of this step's living workers, by source
+        self.adversary: Adversary | None = None  # Byzantine workers, their attack and the robust aggregator
 
     def set_alive(self, alive: np.ndarray | None,
                   repair: Callable[[Mixing, np.ndarray], Mixing] = keep_living) -> None:
@@ -106,11 +111,19 @@ class Engine:
             self._among[id(living)] = (living, living)  # an operator handed the result runs it as it is
         return self._among[key][1]
 
-    def _living_ids(self, over: Sequence[int] | None) -> Sequence[int] | None:
-        """The workers a mean is over: ``over`` (None: all) less the gone ones."""
-        if self.alive is None:
+    def _measured(self) -> np.ndarray | None:
+        """The workers the metrics are over (bool [n]): the living honest ones; None: all."""
+        honest = self.adversary.honest if self.adversary is not None and self.adversary.f else None
+        if self.alive is None or honest is None:
+            return self.alive if honest is None else honest
+        return self.alive & honest
+
+    def _measured_ids(self, over: Sequence[int] | None) -> Sequence[int] | None:
+        """The workers a metric's mean is over: ``over`` (None: all), of them the living honest ones."""
+        measured = self._measured()
+        if measured is None:
             return over
-        return [i for i in (range(self.n) if over is None else over) if self.alive[i]] or over
+        return [i for i in (range(self.n) if over is None else over) if measured[i]] or over
 
     @property
     def m(self) -> int:
@@ -125,15 +138,71 @@ class Engine:
         self._groups_mean_(X, groups)
         self.comm.record(Transfer("allreduce", X.shape[1] * BYTES_PER_VALUE, level, groups=groups))
 
-    def allreduce_mean_(self, X: torch.Tensor) -> None:
-        """Exact average: every (living) row becomes the mean of the (living) rows, in place."""
+    def allreduce_mean_(self, X: torch.Tensor, site: str = "rows") -> None:
+        """Exact average: every (living) row becomes the mean of the (living) rows, in place. With
+        an adversary, the robust aggregate instead (``site``: which quantity X is, for an
+        aggregator with a memory)."""
+        if self.adversary is not None:
+            self._robust_mean_(X, self.n, "global", site)
+            return
         self.groups_mean_(X, self._everyone, level="global")
 
-    def block_mean_(self, X: torch.Tensor, block_size: int) -> None:
-        """Exact average inside each block of ``block_size`` consecutive workers (in place)."""
+    def block_mean_(self, X: torch.Tensor, block_size: int, site: str = "rows") -> None:
+        """Exact average inside each block of ``block_size`` consecutive workers (in place); with an
+        adversary, the robust aggregate of each block."""
+        if self.adversary is not None:
+            self._robust_mean_(X, block_size, "block", site)
+            return
+        self.groups_mean_(X, self._block_groups_of(block_size), level="block")
+
+    def _block_groups_of(self, block_size: int) -> Groups:
         if block_size not in self._block_groups:
             self._block_groups[block_size] = Groups.blocks(self.n, block_size)
-        self.groups_mean_(X, self._block_groups[block_size], level="block")
+        return self._block_groups[block_size]
+
+    def _robust_mean_(self, X: torch.Tensor, size: int, level: str, site: str) -> None:
+        """Every row ← the adversary's aggregate of its block's messages, the Byzantine ones crafted.
+        The mean is an all-reduce of the messages (the attacker reads the honest rows' moments
+        without a network: it is omniscient); a robust rule needs every message: an all-gather."""
+        adversary = self.adversary
+        groups = self._everyone if size == self.n else self._block_groups_of(size)
+        if adversary.cfg.aggregator == "mean":
+            if adversary.crafts:
+                self._craft_rows_(X, size)
+            self.groups_mean_(X, groups, level)
+            return
+        gathered = self._all_gather(X.contiguous(), size)
+        local = torch.arange(self.m, device=X.device)
+        first = torch.full((gathered.messages.shape[0],), self.m, device=X.device).scatter_reduce_(
+            0, gathered.row_group, local, "amin")  # a local row of each gathered block
+        members = ((self.rows.start + first) // size * size).unsqueeze(1) + torch.arange(size, device=X.device)
+        site = f"{level}/{site}"
+        values = adversary.aggregate(gathered.messages, members, site, first)[gathered.row_group]
+        X.copy_(values)
+        adversary.keep_center(site, X, values)
+        self.comm.record(Transfer("allgather", X.shape[1] * BYTES_PER_VALUE, level, groups=groups))
+
+    def _craft_rows_(self, X: torch.Tensor, size: int) -> None:
+        """The local Byzantine rows of X ← their attack's message, from the honest rows of their block
+        (μ and, for ALIE, σ with Bessel's correction: bookkeeping reads, not traffic)."""
+        adversary = self.adversary
+        adversary.calls += 1
+        byzantine = torch.as_tensor(adversary.byzantine[self.rows.start : self.rows.stop], device=X.device)
+        if adversary.cfg.attack == "gaussian":
+            X[byzantine] = adversary._noise(X.shape[1], X)[self.rows.start : self.rows.stop][byzantine]
+            return
+        ids = torch.arange(self.rows.start, self.rows.stop, device=X.device)
+        for start in range(0, self.n, size):
+            honest = [i for i in range(start, start + size) if not adversary.byzantine[i]]
+            mine = byzantine & (ids // size == start // size)
+            workers = torch.as_tensor(honest, device=X.device)
+            mu = self._rows_mean(X, workers)
+            sigma = None
+            if adversary.cfg.attack == "alie":
+                spread = self._rows_mean((X - mu).square(), workers) * (len(honest) / max(len(honest) - 1, 1))
+                sigma = spread.sqrt()
+            if mine.any():
+                X[mine] = adversary.message(mu, sigma)
 
     def recorded_allreduce(self, d: int) -> None:
         """An all-reduce of d values that ran outside the engine (DDP's, of the gradients), recorded
@@ -149,19 +218,28 @@ class Engine:
         With ``measure``, returns each local row's ‖Σ_j w_ij x_j − x_i‖² [m]: what worker i can
         compute from the models it received (their mean is Θ², see :meth:`mean_scalar`). A round
         that averages exactly within groups (``mixing.groups``: ``groups:G``) runs as
-        :meth:`groups_mean_`."""
-        if mixing.groups is not None:
+        :meth:`groups_mean_` (without an adversary: with one, as the gossip round it is)."""
+        if mixing.groups is not None and self.adversary is None:
             before = X.clone() if measure else None
             groups = mixing.plan("groups", lambda: Groups(self.n, mixing.groups.ravel(), mixing.groups.shape[1]))
             self.groups_mean_(X, groups, level="gossip")
             return None if before is None else before.sub_(X).square_().sum(1)
         mixing = self.living(mixing)
-        mixed = self._mixed(X, mixing)
+        mixed = self._mixed(X, mixing) if self.adversary is None else self._robust_mixed(X, mixing)
         change = (mixed - X).square().sum(1) if measure else None
         X.copy_(mixed)
         self.comm.record(Transfer("gossip", X.shape[1] * BYTES_PER_VALUE, "gossip", mixing=mixing,
                                   initiator=initiator))
         return change
+
+    def _robust_mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
+        """W X with the adversary: each local worker receives its neighbours' rows (the Byzantine
+        ones crafted for it) and combines them with the robust aggregator."""
+        senders, weight, receivers = mixing.plan(("byzantine", X.dtype, X.device, self.rows), lambda: (
+            torch.as_tensor(mixing.index[:, self.rows.start : self.rows.stop].T.copy(), device=X.device),
+            torch.as_tensor(mixing.weight[:, self.rows.start : self.rows.stop].T.copy()).to(X),
+            torch.arange(self.rows.start, self.rows.stop, device=X.device)))
+        return self.adversary.gossip(X, self._exchange(X, mixing), senders, weight, receivers)
 
     def exchange(self, payload: torch.Tensor, mixing: Mixing, nbytes: int) -> torch.Tensor:
         """Every worker's message (its row of ``payload`` [m, ...], ``nbytes`` on the wire) to each
@@ -184,24 +262,24 @@ class Engine:
     # ------------------------------------------------------------------ measurement (counted apart)
 
     def mean_row(self, X: torch.Tensor) -> torch.Tensor:
-        """x̄ = (1/n) Σ_i x_i over all (living) workers, without changing X: an all-reduce of d values."""
+        """x̄ = (1/n) Σ_i x_i over all (living, honest) workers, without changing X: an all-reduce of d values."""
         everyone = self.living(self._everyone)
         self.comm.record(Transfer("allreduce", X.shape[1] * BYTES_PER_VALUE, METRICS, groups=everyone))
-        living = None if self.alive is None else everyone.plan(("ids", X.device), lambda: torch.as_tensor(
-            np.flatnonzero(self.alive), device=X.device))
-        return self._rows_mean(X, living)
+        measured = self._measured()
+        ids = None if measured is None else torch.as_tensor(np.flatnonzero(measured), device=X.device)
+        return self._rows_mean(X, ids)
 
     def mean_scalar(self, values: torch.Tensor, over: Sequence[int] | None = None) -> float:
         """Mean over all n workers (or the workers ``over``, global indices) of a per-worker scalar
         (local values [m]; a worker outside ``over`` gives any value), in worker order; of them,
-        only the living ones. An all-gather of one value per worker."""
+        only the living honest ones. An all-gather of one value per worker."""
         self.comm.record(Transfer("allgather", BYTES_PER_VALUE, METRICS, groups=self.living(self._everyone)))
         gathered = self._gather_scalars(values)
-        over = self._living_ids(over)
+        over = self._measured_ids(over)
         return (gathered if over is None else gathered[list(over)]).mean().item()
 
     def consensus_distance_sq(self, X: torch.Tensor) -> float:
-        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖² (over the living workers)."""
+        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖² (over the living honest workers)."""
         diff = torch.sub(X, self.mean_row(X), out=self._scratch_like(X))
         return self.mean_scalar(diff.square_().sum(1))
 

@@ -1,0 +1,432 @@
+"""Workers that lie: who they are, what they send, and the robust rules the honest workers use.
+
+A ``byzantine`` section names the Byzantine workers (``workers``: their ids, or ``fraction`` f:
+round(f·n) of them drawn once from the seed), their ``attack`` and the honest workers'
+``aggregator``. The engine applies both where messages move (:meth:`Engine.allreduce_mean_`,
+:meth:`Engine.block_mean_`, :meth:`Engine.gossip_`): every message a Byzantine worker sends is
+replaced by what its attack crafts from the honest messages of the round (the omniscient
+attacker of the papers), and every worker combines what it received with the aggregator. The
+metrics (loss, x̄ and its accuracy, Ξ²) are over the honest workers.
+
+What travels, as in the authors' code:
+
+- the all-reduce family aggregates *updates* (Karimireddy, He & Jaggi 2021,
+  epfml/byzantine-robust-optimizer 288417f): ``allreduce`` the gradients; ``local``,
+  ``post-local`` and ``hierarchical`` the change since the group's last average,
+  Δ_i = x_i − x_ref, then x ← x_ref + AGG(Δ); DiLoCo its outer gradients x_outer − x_i;
+  optimizer state averaged with the parameters as it is;
+- ``gossip`` exchanges *models* (He, Karimireddy & Jaggi 2022,
+  epfml/byzantine-robust-decentralized-optimizer 5387d60): a Byzantine neighbour of worker i
+  sends i a model crafted from i's own and i's honest neighbours' models ("the target and its
+  good neighbours").
+
+Attacks, from the honest messages h_j the attacker sees (μ, σ: their coordinate-wise mean and
+standard deviation, σ with Bessel's correction, 0 for one message):
+
+- ``sign-flip``: −s·μ (s = ``strength``, default 1);
+- ``ipm`` (inner-product manipulation, Xie, Koyejo & Gupta 2020): −ε·μ (ε = ``strength``, default
+  0.1, the authors' code's): the same rule as sign-flip, small enough to pass a robust rule;
+- ``alie`` (A Little Is Enough, Baruch, Baruch & Goldberg 2019): μ − z·σ, z = ``strength`` or,
+  by default, the paper's z_max = Φ⁻¹((n − s)/n) with s = ⌊n/2 + 1⌋ − f supporters (n workers,
+  f Byzantine; the epfml code writes (n − f − s)/(n − f) instead);
+- ``gaussian``: N(0, s²) in every coordinate (s = ``strength``, default 1), one draw per
+  Byzantine worker and operator (stream ``byzantine-noise``);
+- ``label-flip``: trains honestly on the labels y → C − 1 − y and sends what it gets, like an
+  honest worker;
+- ``dissensus`` (He et al. 2022; gossip only): to worker i,
+  x_i − ε·Σ_{honest j ∈ N(i)} w_ij (x_j − x_i) / Σ_{Byzantine b ∈ N(i)} w_ib (ε = ``strength``,
+  default 1): at ε = 1 it cancels i's pull towards its honest neighbours, above 1 it pushes i away.
+
+Aggregators of the all-reduce family, over the g messages m_j of a group (every worker of the
+group receives them all: priced as an all-gather, except ``mean``, which can be summed on the way):
+
+- ``mean``; ``median``: coordinate-wise (the mean of the two middle values for even g);
+- ``trimmed-mean``: coordinate-wise, the b largest and b smallest dropped (b = ``trim``, default f);
+- ``krum`` / ``multi-krum`` (Blanchard et al. 2017; El Mhamdi et al. 2018): score_j = the sum of
+  the g − f − 2 smallest ‖m_j − m_k‖², k ≠ j (f = ``krum_f``, default the Byzantine count); krum
+  takes the lowest-scoring message, multi-krum the mean of the g − f lowest;
+- ``centered-clip`` (Karimireddy et al. 2021): L = ``clip_iterations`` times
+  v ← v + (1/g) Σ_j CLIP(m_j − v, τ), CLIP(u, τ) = u·min(1, τ/‖u‖), τ = ``clip``; v starts from
+  the previous aggregate of the same operator (zero at the first), as the authors' code does.
+
+Aggregators of gossip, worker i over its own model x_i and the messages m_j of its neighbours
+j ∈ N(i) (W's weights w_ij; the exchange is the gossip round itself):
+
+- ``mean``: Σ_j w_ij m_j (plain gossip);
+- ``median``, ``trimmed-mean``: coordinate-wise over {x_i} ∪ {m_j} (unweighted, as the authors'
+  decentralized DeCM and DeTM; b is lowered until a value is left);
+- ``clipped-gossip`` (He et al. 2022): x_i + Σ_{j ∈ N(i)} w_ij CLIP(m_j − x_i, τ), τ = ``clip``;
+- ``self-centered-clip``: the same with τ_i chosen by each worker, the second-largest of
+  ‖m_j − x_i‖ over its neighbours (the largest with one neighbour), as the authors' code's
+  ``scp`` without a τ.
+
+A Byzantine worker's own row takes no part in the honest metrics; with an attack that crafts its
+messages it still receives like the others (the all-reduce family's aggregate; in gossip the
+unattacked messages), so that its row stays finite.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+import torch
+
+from .registry import ConfigError, short
+from .rng import declare, host_stream
+
+ATTACKS = ("none", "sign-flip", "ipm", "alie", "gaussian", "label-flip", "dissensus")
+GRAPH_ATTACKS = ("dissensus",)  # need a receiver's neighbourhood
+CRAFTED = ("sign-flip", "ipm", "alie", "gaussian", "dissensus")  # the attacks that replace messages
+ALLREDUCE_AGGREGATORS = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "centered-clip")
+GOSSIP_AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-gossip", "self-centered-clip")
+MAJORITY = ("median", "trimmed-mean", "krum", "multi-krum", "centered-clip")  # guarantees need f < n/2
+DEFAULT_STRENGTH = {"sign-flip": 1.0, "ipm": 0.1, "gaussian": 1.0, "dissensus": 1.0}
+NOISE = declare("byzantine-noise", "the gaussian attack's message of a Byzantine worker", ("call", "worker"))
+CHOICE = declare("byzantine-workers", "the Byzantine workers byzantine.fraction draws", ())
+
+
+@dataclass
+class ByzantineConfig:
+    """The ``byzantine`` section (see the module docstring)."""
+
+    workers: list[int] = field(default_factory=list)  # the Byzantine workers' ids
+    fraction: float | None = None  # f: round(f·n) Byzantine workers drawn once from the seed (instead of workers)
+    attack: str = "none"  # none, sign-flip, ipm, alie, gaussian, label-flip, dissensus
+    strength: float | None = None  # the attack's s / ε / z (None: its default)
+    aggregator: str = "mean"  # how honest workers combine what they receive
+    clip: float | None = None  # τ of centered-clip and clipped-gossip
+    clip_iterations: int = 1  # L: centered-clip's iterations per aggregation
+    trim: int | None = None  # b: trimmed-mean's values dropped at each end (None: the Byzantine count)
+    krum_f: int | None = None  # the f krum and multi-krum assume (None: the Byzantine count)
+
+    def validate(self, cfg) -> None:
+        n, family = cfg.workers, family_of(cfg)
+        if self.fraction is not None and self.workers:
+            raise ConfigError("give byzantine.workers or byzantine.fraction, not both")
+        if self.fraction is not None and not 0 <= self.fraction < 1:
+            raise ConfigError(f"byzantine.fraction must be in [0, 1), got {self.fraction}")
+        bad = [w for w in self.workers if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < n]
+        if bad:
+            raise ConfigError(f"byzantine.workers must be worker ids in [0, workers={n}), got {short(bad)}")
+        if len(set(self.workers)) != len(self.workers):
+            raise ConfigError(f"byzantine.workers lists a worker twice: {short(self.workers)}")
+        f = self.count(n)
+        if f >= n:
+            raise ConfigError(f"byzantine: every worker is Byzantine ({f} of {n}); keep at least one honest")
+        if self.attack not in ATTACKS:
+            raise ConfigError(f"unknown byzantine.attack '{short(self.attack)}'; choose one of: {', '.join(ATTACKS)}")
+        if f and self.attack == "none":
+            raise ConfigError(f"byzantine: {f} Byzantine worker(s) need an attack; choose one of: "
+                              f"{', '.join(ATTACKS[1:])} (or none of them Byzantine)")
+        if family is None:
+            from .algorithms import ALGORITHMS
+            allowed = [e.name for e in ALGORITHMS.entries.values() if e.traits.get("byzantine")]
+            raise ConfigError(f"byzantine applies to the algorithms {', '.join(allowed)}; algorithm "
+                              f"{cfg.algorithm} has no Byzantine model")
+        aggregators = GOSSIP_AGGREGATORS if family == "gossip" else ALLREDUCE_AGGREGATORS
+        if self.aggregator not in aggregators:
+            raise ConfigError(f"byzantine.aggregator '{short(self.aggregator)}' does not apply to algorithm "
+                              f"{cfg.algorithm}; choose one of: {', '.join(aggregators)}")
+        if self.attack in GRAPH_ATTACKS and family != "gossip":
+            raise ConfigError(f"byzantine.attack {self.attack} needs a graph (a worker's neighbours): algorithm "
+                              f"{cfg.algorithm} has none; use algorithm gossip")
+        self._validate_parameters(n, f)
+
+    def _validate_parameters(self, n: int, f: int) -> None:
+        if self.strength is not None:
+            strong = (*DEFAULT_STRENGTH, "alie")
+            if self.attack not in strong:
+                raise ConfigError(f"byzantine.strength applies to the attacks {', '.join(strong)}, not {self.attack}")
+            positive = self.attack == "gaussian"
+            if not math.isfinite(self.strength) or (positive and self.strength <= 0):
+                raise ConfigError(f"byzantine.strength must be a finite number{' > 0' if positive else ''}, "
+                                  f"got {self.strength}")
+        if self.aggregator in MAJORITY and 2 * f >= n:
+            raise ConfigError(f"byzantine.aggregator {self.aggregator} needs an honest majority: {f} of {n} workers "
+                              f"are Byzantine (f < n/2)")
+        needs = {"clip": ("centered-clip", "clipped-gossip"), "clip_iterations": ("centered-clip",),
+                 "trim": ("trimmed-mean",), "krum_f": ("krum", "multi-krum")}
+        for key, aggregators in needs.items():
+            if getattr(self, key) != getattr(ByzantineConfig, key, None) and self.aggregator not in aggregators:
+                raise ConfigError(f"byzantine.{key} applies to the aggregator{'s' * (len(aggregators) > 1)} "
+                                  f"{' and '.join(aggregators)}, not {self.aggregator}")
+        if self.aggregator in needs["clip"] and not (self.clip is not None and 0 < self.clip < math.inf):
+            raise ConfigError(f"byzantine.aggregator {self.aggregator} needs byzantine.clip τ, a finite number > 0; "
+                              f"got {self.clip}")
+        if self.clip_iterations < 1:
+            raise ConfigError(f"byzantine.clip_iterations must be a positive integer, got {self.clip_iterations}")
+        if self.trim is not None and not 0 <= self.trim < (n + 1) // 2:
+            raise ConfigError(f"byzantine.trim must be in [0, {(n + 1) // 2}) (b values dropped at each end of n = "
+                              f"{n}), got {self.trim}")
+        krum_f = f if self.krum_f is None else self.krum_f
+        if self.aggregator in needs["krum_f"] and not (0 <= krum_f and 2 * krum_f + 2 < n):
+            raise ConfigError(f"byzantine.aggregator {self.aggregator} needs 2f + 2 < n (Blanchard et al.): f = "
+                              f"{krum_f}{'' if self.krum_f is None else ' (krum_f)'}, n = {n}")
+
+    def count(self, n: int) -> int:
+        """f: how many workers are Byzantine."""
+        return round(self.fraction * n) if self.fraction is not None else len(self.workers)
+
+    def ids(self, n: int, seed: int) -> np.ndarray:
+        """The Byzantine workers' ids, sorted: ``workers``, or round(f·n) drawn from the seed."""
+        if self.fraction is None:
+            return np.array(sorted(self.workers), dtype=np.int64)
+        return np.sort(host_stream(CHOICE, seed).permutation(n)[: self.count(n)])
+
+    def active(self, n: int) -> bool:
+        """Whether the section changes anything: a Byzantine worker, or a rule other than the mean."""
+        return self.count(n) > 0 or self.aggregator != "mean"
+
+
+def byzantine_active(cfg) -> bool:
+    """Whether the run has an adversary (:meth:`ByzantineConfig.active`): its schedules then send
+    updates whole, for the engine's robust rule."""
+    return cfg.byzantine is not None and cfg.byzantine.active(cfg.workers)
+
+
+def family_of(cfg) -> str | None:
+    """Which Byzantine model the algorithm has (its registration's ``byzantine`` trait):
+    "allreduce" (aggregated updates) or "gossip" (exchanged models); None: none."""
+    from .algorithms import ALGORITHMS
+    return ALGORITHMS[cfg.algorithm].traits.get("byzantine")
+
+
+def alie_z(n: int, f: int) -> float:
+    """Baruch et al.'s z_max = Φ⁻¹((n − s)/n), s = ⌊n/2 + 1⌋ − f the supporters the attack needs."""
+    s = math.floor(n / 2 + 1) - f
+    return NormalDist().inv_cdf((n - s) / n)
+
+
+# ---------------------------------------------------------------- rules on [r, K, d] messages
+
+def _moments(M: torch.Tensor, honest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """μ and σ [r, d] over the messages ``honest`` [r, K] marks (σ with Bessel's correction, 0 for one)."""
+    w = honest.unsqueeze(-1).to(M.dtype)
+    c = w.sum(1).clamp(min=1)
+    mu = (M * w).sum(1) / c
+    var = ((M - mu.unsqueeze(1)).square() * w).sum(1) / (c - 1).clamp(min=1)
+    return mu, var.sqrt()
+
+
+def _sorted(M: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The messages sorted per coordinate along K, the invalid ones (``valid`` [r, K] false) last;
+    and the count of valid ones [r, 1, 1]."""
+    if valid is None:
+        return M.sort(1).values, torch.full((M.shape[0], 1, 1), M.shape[1], device=M.device)
+    filled = torch.where(valid.unsqueeze(-1), M, torch.full_like(M, math.inf))
+    return filled.sort(1).values, valid.sum(1).view(-1, 1, 1)
+
+
+def median(M: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Coordinate-wise median over K [r, d]: the mean of the two middle values for an even count."""
+    S, c = _sorted(M, valid)
+    lower = S.gather(1, ((c - 1) // 2).expand(-1, 1, S.shape[2]))
+    upper = S.gather(1, (c // 2).expand(-1, 1, S.shape[2]))
+    return ((lower + upper) / 2).squeeze(1)
+
+
+def trimmed_mean(M: torch.Tensor, b: int, valid: torch.Tensor | None = None) -> torch.Tensor:
+    """Coordinate-wise mean over K [r, d] of the values left when the b largest and b smallest are
+    dropped (b lowered to (count − 1)//2 where fewer are left)."""
+    S, c = _sorted(M, valid)
+    b = torch.clamp((c - 1) // 2, max=b)
+    pos = torch.arange(S.shape[1], device=S.device).view(1, -1, 1)
+    keep = (pos >= b) & (pos < c - b)
+    return torch.where(keep, S, torch.zeros_like(S)).sum(1) / (c - 2 * b).squeeze(-1).to(S.dtype)
+
+
+def krum_scores(M: torch.Tensor, f: int) -> torch.Tensor:
+    """Krum's score of each of the K messages [r, K]: the sum of its K − f − 2 smallest squared
+    distances to the others."""
+    d2 = torch.cdist(M, M, compute_mode="donot_use_mm_for_euclid_dist").square()
+    d2.diagonal(dim1=1, dim2=2).fill_(math.inf)
+    return d2.sort(2).values[:, :, : M.shape[1] - f - 2].sum(2)
+
+
+def krum(M: torch.Tensor, f: int, select: int = 1) -> torch.Tensor:
+    """The mean of the ``select`` messages of lowest Krum score [r, d] (krum: 1; multi-krum: K − f)."""
+    chosen = krum_scores(M, f).argsort(dim=1, stable=True)[:, :select]
+    return M.gather(1, chosen.unsqueeze(-1).expand(-1, -1, M.shape[2])).mean(1)
+
+
+def clip(U: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
+    """CLIP(u, τ) = u·min(1, τ/‖u‖) along the last dimension."""
+    norm = U.norm(dim=-1, keepdim=True)
+    return U * torch.clamp(tau / norm, max=1.0)
+
+
+def centered_clip(M: torch.Tensor, center: torch.Tensor, tau: float, iterations: int) -> torch.Tensor:
+    """v ← v + (1/K) Σ_j CLIP(m_j − v, τ), ``iterations`` times from ``center`` [r, d]."""
+    v = center
+    for _ in range(iterations):
+        v = v + clip(M - v.unsqueeze(1), tau).mean(1)
+    return v
+
+
+def clipped_gossip(x: torch.Tensor, M: torch.Tensor, weight: torch.Tensor, neighbour: torch.Tensor,
+                   tau: torch.Tensor | float) -> torch.Tensor:
+    """x_i + Σ_k w_ik CLIP(m_ik − x_i, τ_i) over the neighbour slots k [m, d] (x [m, d], M [m, K, d],
+    weight [m, K], ``neighbour`` [m, K]: the slots that are a neighbour with weight ≠ 0)."""
+    w = torch.where(neighbour, weight, torch.zeros_like(weight)).unsqueeze(-1)
+    tau = tau if isinstance(tau, float) else tau.view(-1, 1, 1)
+    return x + (w * clip(M - x.unsqueeze(1), tau)).sum(1)
+
+
+def second_largest_distance(x: torch.Tensor, M: torch.Tensor, neighbour: torch.Tensor) -> torch.Tensor:
+    """Self-centered clipping's τ_i [m]: the second-largest ‖m_ik − x_i‖ over i's neighbours (the
+    largest with one neighbour)."""
+    dist = torch.where(neighbour, (M - x.unsqueeze(1)).norm(dim=-1), torch.full_like(neighbour, -math.inf,
+                                                                                       dtype=M.dtype))
+    top = dist.topk(min(2, dist.shape[1]), dim=1).values
+    second = top[:, -1]
+    return torch.where(torch.isfinite(second), second, top[:, 0])
+
+
+# ---------------------------------------------------------------- the adversary in a run
+
+@dataclass
+class Adversary:
+    """The run's Byzantine workers (``byzantine`` bool [n]), their attack and the aggregator;
+    the engine calls :meth:`aggregate` and :meth:`gossip`. State: centered clipping's centers
+    (one row per worker: its group's) and the count of operators so far (the noise's key)."""
+
+    cfg: ByzantineConfig
+    byzantine: np.ndarray  # bool [n]
+    seed: int
+    calls: int = 0
+    centers: dict[str, torch.Tensor] = field(default_factory=dict)  # site → [m, d] rows
+
+    @classmethod
+    def build(cls, cfg) -> Adversary | None:
+        """The run's adversary, or None where the section changes nothing (the plain run)."""
+        section = cfg.byzantine
+        if not byzantine_active(cfg):
+            return None
+        mask = np.zeros(cfg.workers, dtype=bool)
+        mask[section.ids(cfg.workers, cfg.seed)] = True
+        return cls(section, mask, cfg.seed)
+
+    @property
+    def f(self) -> int:
+        return int(self.byzantine.sum())
+
+    @property
+    def crafts(self) -> bool:
+        """Whether the attack replaces the Byzantine workers' messages."""
+        return self.f > 0 and self.cfg.attack in CRAFTED
+
+    @property
+    def honest(self) -> np.ndarray:
+        return ~self.byzantine
+
+    def summary(self) -> dict:
+        """summary.json's keys: how many workers are Byzantine, and which."""
+        return {"byzantine_workers": self.f, "byzantine_ids": np.flatnonzero(self.byzantine).tolist()}
+
+    def _strength(self) -> float:
+        if self.cfg.strength is not None:
+            return self.cfg.strength
+        n = len(self.byzantine)
+        return alie_z(n, self.f) if self.cfg.attack == "alie" else DEFAULT_STRENGTH[self.cfg.attack]
+
+    def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
+        """One N(0, s²) message per worker [n, d] (drawn for the Byzantine ones, zero for the others)."""
+        noise = np.zeros((len(self.byzantine), d))
+        for b in np.flatnonzero(self.byzantine):
+            noise[b] = host_stream(NOISE, self.seed, self.calls, int(b)).normal(0.0, self._strength(), d)
+        return torch.from_numpy(noise).to(like)
+
+    def crafted(self, M: torch.Tensor, honest: torch.Tensor, x: torch.Tensor | None = None,
+                pull: torch.Tensor | None = None) -> torch.Tensor:
+        """The message [r, d] the Byzantine senders of each of r receivers (or groups) send, from
+        the honest messages ``honest`` [r, K] marks in M [r, K, d]; dissensus also takes the
+        receivers' models x [r, d] and ``pull`` [r, d] = Σ_honest w_ij (x_j − x_i) / Σ_Byzantine w_ib."""
+        if self.cfg.attack == "dissensus":
+            return x - self._strength() * pull
+        return self.message(*_moments(M, honest))
+
+    def message(self, mu: torch.Tensor, sigma: torch.Tensor | None) -> torch.Tensor:
+        """The attack's message from the honest messages' mean μ and standard deviation σ:
+        μ − z·σ (alie) or −s·μ (sign-flip, ipm)."""
+        s = self._strength()
+        return mu - s * sigma if self.cfg.attack == "alie" else -s * mu
+
+    # -------------------------------------------------------------- the all-reduce family
+
+    def aggregate(self, M: torch.Tensor, members: torch.Tensor, site: str, rows: torch.Tensor) -> torch.Tensor:
+        """The robust aggregate [r, d] of r groups' messages M [r, g, d] (``members`` [r, g]: the
+        global ids of their senders); the Byzantine senders' messages replaced first (the mean is
+        the engine's all-reduce instead: :meth:`Engine._robust_mean_`). ``site`` names the
+        operator (centered clipping's center), ``rows`` [r] a local row of each group."""
+        self.calls += 1
+        if self.crafts:
+            byz = torch.from_numpy(self.byzantine).to(M.device)[members]
+            if self.cfg.attack == "gaussian":
+                sent = self._noise(M.shape[2], M)[members]
+            else:
+                sent = self.crafted(M, ~byz).unsqueeze(1).expand_as(M)
+            M = torch.where(byz.unsqueeze(-1), sent, M)
+        rule, g = self.cfg.aggregator, M.shape[1]
+        f = self.f if self.cfg.krum_f is None else self.cfg.krum_f
+        if rule == "median":
+            return median(M)
+        if rule == "trimmed-mean":
+            return trimmed_mean(M, self.f if self.cfg.trim is None else self.cfg.trim)
+        if rule in ("krum", "multi-krum"):
+            return krum(M, f, 1 if rule == "krum" else g - f)
+        center = self.centers[site][rows] if site in self.centers else torch.zeros_like(M[:, 0])
+        return centered_clip(M, center, self.cfg.clip, self.cfg.clip_iterations)
+
+    def keep_center(self, site: str, rows_like: torch.Tensor, values: torch.Tensor) -> None:
+        """Centered clipping: remember each local row's group aggregate ``values`` [m, d] at ``site``."""
+        if self.cfg.aggregator == "centered-clip":
+            self.centers.setdefault(site, torch.zeros_like(rows_like)).copy_(values)
+
+    # -------------------------------------------------------------- gossip
+
+    def gossip(self, x: torch.Tensor, M: torch.Tensor, senders: torch.Tensor, weight: torch.Tensor,
+               receivers: torch.Tensor) -> torch.Tensor:
+        """Each local worker's new model [m, d] from its own x [m, d] and the messages M [m, K, d] of
+        the workers in its slots (``senders`` [m, K] global ids, slot 0 itself; ``weight`` [m, K]:
+        W's weights, 0 on an unused slot; ``receivers`` [m]: the local workers' global ids)."""
+        self.calls += 1
+        byz_of = torch.from_numpy(self.byzantine).to(x.device)
+        me = senders == receivers.unsqueeze(1)
+        neighbour = (weight != 0) & ~me
+        own = me & (torch.cumsum(me, 1) == 1)  # x_i, once (unused slots point at i too)
+        if self.crafts:
+            attacked = byz_of[senders] & neighbour & ~byz_of[receivers].unsqueeze(1)  # honest receivers only
+            honest = ~byz_of[senders] & (neighbour | own)
+            if self.cfg.attack == "gaussian":
+                sent = self._noise(x.shape[1], x)[senders]
+            else:
+                pull = None
+                if self.cfg.attack == "dissensus":
+                    w_honest = torch.where(honest & neighbour, weight, torch.zeros_like(weight)).unsqueeze(-1)
+                    w_byz = torch.where(attacked, weight, torch.zeros_like(weight)).sum(1, keepdim=True)
+                    pull = (w_honest * (M - x.unsqueeze(1))).sum(1) / torch.where(w_byz != 0, w_byz,
+                                                                                  torch.ones_like(w_byz))
+                sent = self.crafted(M, honest, x, pull).unsqueeze(1).expand_as(M)
+            M = torch.where(attacked.unsqueeze(-1), sent, M)
+        rule = self.cfg.aggregator
+        if rule == "mean":
+            return (weight.unsqueeze(-1) * M).sum(1)
+        if rule in ("median", "trimmed-mean"):
+            valid = neighbour | own
+            if rule == "median":
+                return median(M, valid)
+            return trimmed_mean(M, self.f if self.cfg.trim is None else self.cfg.trim, valid)
+        tau = self.cfg.clip if rule == "clipped-gossip" else second_largest_distance(x, M, neighbour)
+        return clipped_gossip(x, M, weight, neighbour, tau)
+
+    # -------------------------------------------------------------- state
+
+    def state_dict(self) -> dict:
+        return {"calls": self.calls, "rows": dict(self.centers)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = int(state["calls"])
+        self.centers = {site: rows.clone() for site, rows in state["rows"].items()}
