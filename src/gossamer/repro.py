@@ -530,12 +530,97 @@ def _lowcomm_report(rows: dict[str, list[str]], configs: dict, out: Path, seeds:
     return "\n".join(lines) + "\n"
 
 
+BYZANTINE_FRACTIONS = {"1/8": 0.125, "1/4": 0.25}
+BYZANTINE_ATTACKS = {"sign-flip": [], "alie": [], "ipm": [],
+                     "dissensus": ["byzantine.strength=1.5"]}  # ε = 1.5, as He et al.'s experiments
+BYZANTINE_RULES = {"All-Reduce": ("algorithm=allreduce", {
+                       "mean": [], "median": ["byzantine.aggregator=median"],
+                       "trimmed-mean": ["byzantine.aggregator=trimmed-mean"],
+                       "centered-clip": ["byzantine.aggregator=centered-clip", "byzantine.clip=3"]}),
+                   **{label: (f"topology={spec}", {
+                       "gossip": [], "clipped-gossip": ["byzantine.aggregator=clipped-gossip", "byzantine.clip=0.1"],
+                       "self-centered-clip": ["byzantine.aggregator=self-centered-clip"]})
+                      for label, spec in (("ring", "ring"), ("exponential", "exponential"), ("complete", "complete"))}}
+
+
+def byzantine(scale: str, quick: bool) -> Suite:
+    """Workers that lie (issue 32), n = 16 on MNIST-1D: All-Reduce with the mean, the coordinate-wise
+    median, the trimmed mean (b = f) and centered clipping (τ = 3 on the gradients, one iteration);
+    D-SGD on a ring, the exponential graph and the complete graph with plain gossip, clipped gossip
+    (τ = 0.1) and self-centered clipping (τ_i adaptive); each without attackers and under
+    sign-flip, ALIE, IPM (and, on the graphs, dissensus with ε = 1.5) with f = 1/8 and 1/4 of
+    the workers Byzantine (drawn from the seed). Each attacked run is compared with the same
+    algorithm and rule without attackers, each robust rule without attackers with the plain one.
+    The metrics are the honest workers'. CPU scale only."""
+    if scale == "paper":
+        raise ConfigError("repro byzantine runs at --scale cpu only (it has no paper configuration)")
+    n, epochs = (8, 2) if quick else (16, 20)
+    fractions = {"1/4": 0.25} if quick else BYZANTINE_FRACTIONS
+    attacks = {k: v for k, v in BYZANTINE_ATTACKS.items() if not quick or k in ("sign-flip", "dissensus")}
+    rules = {label: (algorithm, dict(list(aggregators.items())[:2]) if quick else aggregators)
+             for label, (algorithm, aggregators) in BYZANTINE_RULES.items() if not quick or label in ("All-Reduce", "ring")}
+    suite = Suite(f"byzantine: workers that lie (n = {n})", [*_base(quick, epochs), "eval_every=1"])
+    table = {}
+    for label, (setting, aggregators) in rules.items():
+        algorithm = ["algorithm=allreduce"] if label == "All-Reduce" else ["algorithm=gossip", setting]
+        plain = None
+        for rule, keys in aggregators.items():
+            clean = Variant(f"{label}, {rule}, no attack", [*algorithm, *keys], n)
+            attacked = [Variant(f"{label}, {rule}, {attack} f={frac}",
+                                [*algorithm, *keys, f"byzantine.fraction={fractions[frac]}",
+                                 f"byzantine.attack={attack}", *extra], n)
+                        for attack, extra in attacks.items() if label != "All-Reduce" or attack != "dissensus"
+                        for frac in fractions]
+            suite.variants += _against(clean, attacked)
+            if plain is None:
+                plain = clean
+            else:
+                clean.baseline = plain.name
+            table[f"{label}, {rule}"] = [clean.name, *(v.name for v in attacked)]
+    suite.report = lambda suite, configs, out, seeds: _byzantine_report(table, out, seeds)
+    return suite
+
+
+def _byzantine_report(table: dict[str, list[str]], out: Path, seeds: range) -> str:
+    """Two tables, one row per algorithm and rule, one column per attack and f: the honest
+    workers' x̄ test accuracy and their final Ξ²; plots (the first seed) of the accuracy and the
+    honest Ξ² over training under the strongest setting of each graph."""
+    summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for names in table.values() for name in names}
+    columns = [name.rsplit(", ", 1)[1] for name in max(table.values(), key=len)]
+    lines = ["Test accuracy (%) of the honest workers' mean x̄; mean ± 95 % interval over seeds.", "",
+             "| algorithm, rule | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for row, names in table.items():
+        cells = {name.rsplit(", ", 1)[1]: ci_cell([100 * s["test_accuracy"] for s in summaries[name]], "{:.1f}")
+                 for name in names}
+        lines.append(f"| {row} | " + " | ".join(cells.get(c, "—") for c in columns) + " |")
+    lines += ["", "Final Ξ² among the honest workers (gossip; the all-reduce family's is ~0).", "",
+              "| algorithm, rule | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for row, names in table.items():
+        if row.startswith("All-Reduce"):
+            continue
+        cells = {name.rsplit(", ", 1)[1]: ci_cell([s["final_consensus_distance_sq"] for s in summaries[name]],
+                                                  "{:.2e}") for name in names}
+        lines.append(f"| {row} | " + " | ".join(cells.get(c, "—") for c in columns) + " |")
+    lines.append("")
+    graphs = sorted({row.split(", ")[0] for row in table} - {"All-Reduce"})
+    strongest = columns[-1]  # dissensus at the largest f
+    for graph in graphs:
+        runs = {f"{row}, {col}": out / f"{_slug(f'{row}, {col}')}-seed{seeds[0]}"
+                for row in table if row.startswith(f"{graph},") for col in (columns[0], strongest)}
+        plot_runs(runs, "epochs", None, out / f"{_slug(graph)}-accuracy.png", title=f"{graph}: {strongest}")
+        plot_consensus({name: path / "metrics.jsonl" for name, path in runs.items()}, [],
+                       out / f"{_slug(graph)}-consensus.png", title=f"{graph}: honest Ξ², {strongest}")
+        lines += [f"![{graph}: accuracy]({_slug(graph)}-accuracy.png) "
+                  f"![{graph}: honest Ξ²]({_slug(graph)}-consensus.png)", ""]
+    return "\n".join(lines) + "\n"
+
+
 SUITES: dict[str, Callable[[str, bool], Suite]] = {"ring-scaling": ring_scaling, "consensus-phases": consensus_phases,
                                                    "decentralized-adam": decentralized_adam, "local-sgd": local_sgd,
                                                    "time-to-accuracy": time_to_accuracy,
                                                    "heterogeneous": heterogeneous, "stragglers": stragglers,
                                                    "topologies": topologies, "low-communication": low_communication,
-                                                   "faults": faults}
+                                                   "faults": faults, "byzantine": byzantine}
 
 
 def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
