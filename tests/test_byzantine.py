@@ -108,6 +108,20 @@ def test_the_attack_replaces_the_byzantine_rows_by_its_rule_of_the_honest_ones(a
     assert engine.comm.bytes_per_worker == pytest.approx(2 * (n - 1) / n * 6 * 4)  # the mean: an all-reduce
 
 
+def test_a_block_mean_crafts_each_blocks_messages_from_that_blocks_honest_rows():
+    """block_mean_ of 8 workers in blocks of 4, Byzantine 1 and 6, ALIE with the mean: each block's
+    Byzantine message μ − zσ of its own 3 honest rows (z from n = 8, f = 2)."""
+    n, byz = 8, [1, 6]
+    engine, X = SimEngine(n), torch.randn(n, 5, dtype=F64, generator=torch.Generator().manual_seed(3))
+    engine.adversary = _adversary(n, byz, attack="alie")
+    Y = X.clone()
+    engine.block_mean_(Y, 4)
+    for block, b in ((range(0, 4), 1), (range(4, 8), 6)):
+        honest = X[[i for i in block if i != b]]
+        crafted = honest.mean(0) - alie_z(n, 2) * honest.std(0)
+        torch.testing.assert_close(Y[list(block)], ((honest.sum(0) + crafted) / 4).expand(4, 5), rtol=0, atol=1e-14)
+
+
 def test_gaussian_messages_come_from_their_named_stream_and_a_robust_rule_is_priced_as_an_all_gather():
     n = 6
     engine, X = SimEngine(n), torch.zeros(n, 4, dtype=F64)
