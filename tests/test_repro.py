@@ -192,3 +192,24 @@ def test_low_communication_has_no_paper_scale(capsys):
     assert main(["repro", "low-communication", "--scale", "paper", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "low-communication has only --scale cpu" in err[0]
+
+
+def test_a_run_that_diverges_stops_alone_and_the_tables_say_so(tmp_path):
+    """One variant's run diverges (its learning rate made huge): the suite goes on, its directory
+    holds DIVERGED with the message, the tables count it and the paired differences skip it."""
+    from dataclasses import replace
+
+    from gossamer.cli import run_training
+    from gossamer.repro import DIVERGED, run_suite
+
+    victim = "ring, gossip, dissensus f=1/4"
+
+    def train_run(cfg, out):
+        run_training(replace(cfg, lr=1e6) if out.name.startswith(_slug(victim)) else cfg, out, overwrite=True,
+                     progress=False)
+    logged = []
+    results = run_suite("byzantine", tmp_path, 1, True, train_run, log=logged.append).read_text()
+    assert "training diverged" in (tmp_path / f"{_slug(victim)}-seed0" / DIVERGED).read_text()
+    assert any("diverged" in line for line in logged)
+    assert "(1/1 diverged)" in results
+    assert f"| {victim} | ring, gossip, no attack | diverged | — | — |" in results

@@ -44,7 +44,7 @@ from .config import Config, ConfigError, load_config, parse_yaml
 from .registry import short
 from .report import (CONFIDENCE, axis_table, ci_cell, mean_ci, plot_consensus, plot_runs, plot_tradeoff, read_rows,
                      read_summary, test_metrics)
-from .train import reached_target
+from .train import Diverged, reached_target
 
 SCALES = ("cpu", "paper")
 PAPER_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "paper"
@@ -558,7 +558,8 @@ def byzantine(scale: str, quick: bool) -> Suite:
     fractions = {"1/4": 0.25} if quick else BYZANTINE_FRACTIONS
     attacks = {k: v for k, v in BYZANTINE_ATTACKS.items() if not quick or k in ("sign-flip", "dissensus")}
     rules = {label: (algorithm, dict(list(aggregators.items())[:2]) if quick else aggregators)
-             for label, (algorithm, aggregators) in BYZANTINE_RULES.items() if not quick or label in ("All-Reduce", "ring")}
+             for label, (algorithm, aggregators) in BYZANTINE_RULES.items()
+             if not quick or label in ("All-Reduce", "ring")}
     suite = Suite(f"byzantine: workers that lie (n = {n})", [*_base(quick, epochs), "eval_every=1"])
     table = {}
     for label, (setting, aggregators) in rules.items():
@@ -585,12 +586,12 @@ def _byzantine_report(table: dict[str, list[str]], out: Path, seeds: range) -> s
     """Two tables, one row per algorithm and rule, one column per attack and f: the honest
     workers' x̄ test accuracy and their final Ξ²; plots (the first seed) of the accuracy and the
     honest Ξ² over training under the strongest setting of each graph."""
-    summaries = {name: [read_summary(r) for r in _runs(name, out, seeds)] for names in table.values() for name in names}
+    summaries = {name: _summaries(name, out, seeds) for names in table.values() for name in names}
     columns = [name.rsplit(", ", 1)[1] for name in max(table.values(), key=len)]
     lines = ["Test accuracy (%) of the honest workers' mean x̄; mean ± 95 % interval over seeds.", "",
              "| algorithm, rule | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for row, names in table.items():
-        cells = {name.rsplit(", ", 1)[1]: ci_cell([100 * s["test_accuracy"] for s in summaries[name]], "{:.1f}")
+        cells = {name.rsplit(", ", 1)[1]: _cell(summaries[name], lambda s: 100 * s["test_accuracy"], "{:.1f}")
                  for name in names}
         lines.append(f"| {row} | " + " | ".join(cells.get(c, "—") for c in columns) + " |")
     lines += ["", "Final Ξ² among the honest workers (gossip; the all-reduce family's is ~0).", "",
@@ -598,8 +599,8 @@ def _byzantine_report(table: dict[str, list[str]], out: Path, seeds: range) -> s
     for row, names in table.items():
         if row.startswith("All-Reduce"):
             continue
-        cells = {name.rsplit(", ", 1)[1]: ci_cell([s["final_consensus_distance_sq"] for s in summaries[name]],
-                                                  "{:.2e}") for name in names}
+        cells = {name.rsplit(", ", 1)[1]: _cell(summaries[name], lambda s: s["final_consensus_distance_sq"], "{:.2e}")
+                 for name in names}
         lines.append(f"| {row} | " + " | ".join(cells.get(c, "—") for c in columns) + " |")
     lines.append("")
     graphs = sorted({row.split(", ")[0] for row in table} - {"All-Reduce"})
@@ -607,8 +608,11 @@ def _byzantine_report(table: dict[str, list[str]], out: Path, seeds: range) -> s
     for graph in graphs:
         runs = {f"{row}, {col}": out / f"{_slug(f'{row}, {col}')}-seed{seeds[0]}"
                 for row in table if row.startswith(f"{graph},") for col in (columns[0], strongest)}
-        plot_runs(runs, "epochs", None, out / f"{_slug(graph)}-accuracy.png", title=f"{graph}: {strongest}")
-        plot_consensus({name: path / "metrics.jsonl" for name, path in runs.items()}, [],
+        diverged = {name for name, path in runs.items() if (path / DIVERGED).is_file()}
+        plot_runs({name: path for name, path in runs.items() if name not in diverged}, "epochs", None,
+                  out / f"{_slug(graph)}-accuracy.png", title=f"{graph}: {strongest}")
+        plot_consensus({f"{name}{' (diverged)' * (name in diverged)}": path / "metrics.jsonl"
+                        for name, path in runs.items()}, [],
                        out / f"{_slug(graph)}-consensus.png", title=f"{graph}: honest Ξ², {strongest}")
         lines += [f"![{graph}: accuracy]({_slug(graph)}-accuracy.png) "
                   f"![{graph}: honest Ξ²]({_slug(graph)}-consensus.png)", ""]
@@ -743,8 +747,8 @@ def _paired_section(suite: Suite, out: Path, seeds: range) -> str:
     pairs = [v for v in suite.variants if v.baseline is not None]
     if not pairs:
         return ""
-    summaries = {v.name: [read_summary(r) for r in _runs(v.name, out, seeds)] for v in suite.variants}
-    accuracy = all("test_accuracy" in s for runs in summaries.values() for s in runs)
+    summaries = {v.name: _summaries(v.name, out, seeds) for v in suite.variants}
+    accuracy = all("test_accuracy" in s for runs in summaries.values() for s in runs if s is not None)
     key, unit, fmt = ("test_accuracy", "points", "{:+.2f}") if accuracy else ("test_loss", "nats", "{:+.4f}")
     scale = 100 if accuracy else 1
     lines = ["## Paired differences against the baseline", "",
@@ -752,12 +756,15 @@ def _paired_section(suite: Suite, out: Path, seeds: range) -> str:
              f"{CONFIDENCE:.0%} Student t interval of the per-seed differences.", "",
              f"| variant | baseline | Δ per seed ({', '.join(map(str, seeds))}) | mean Δ | interval excludes 0 |",
              "|---|---|---|---|---|"]
-    for v in pairs:
-        deltas = [scale * (a[key] - b[key]) for a, b in zip(summaries[v.name], summaries[v.baseline])]
-        mean, half = mean_ci(deltas)
+    for v in pairs:  # a seed where either run diverged has no difference
+        deltas = [None if a is None or b is None else scale * (a[key] - b[key])
+                  for a, b in zip(summaries[v.name], summaries[v.baseline])]
+        finished = [d for d in deltas if d is not None]
+        mean, half = mean_ci(finished) if finished else (None, None)
         excludes = "—" if half is None else ("yes" if abs(mean) > half else "no")
-        lines.append(f"| {v.name} | {v.baseline} | {', '.join(fmt.format(d) for d in deltas)} | "
-                     f"{ci_cell(deltas, fmt)} | {excludes} |")
+        shown = ", ".join("diverged" if d is None else fmt.format(d) for d in deltas)
+        lines.append(f"| {v.name} | {v.baseline} | {shown} | {ci_cell(finished, fmt) if finished else '—'} | "
+                     f"{excludes} |")
     return "\n".join(lines) + "\n"
 
 
@@ -798,7 +805,12 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
         for v in suite.variants:
             ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
             log(f"[{name}] seed {seed}: {v.name}")
-            train_run(suite.config(v, seed, str(ref), extra[v.name]), out / f"{_slug(v.name)}-seed{seed}")
+            run = out / f"{_slug(v.name)}-seed{seed}"
+            try:
+                train_run(suite.config(v, seed, str(ref), extra[v.name]), run)
+            except Diverged as e:  # the run stops alone; its directory says so, the suite goes on
+                (run / DIVERGED).write_text(f"{e}\n")
+                log(f"[{name}] seed {seed}: {v.name}: {e}")
     command = (f"gossamer repro {name} --seeds {seeds}{f' --first-seed {first_seed}' if first_seed else ''}"
                f"{' --scale paper' if scale == 'paper' else ''}{' --quick' if quick else ''}"
                f"{''.join(' --set ' + o for o in overrides)}{f' --tune {tune_grid}' if tune_grid else ''}")
@@ -897,6 +909,22 @@ OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_
 
 def _runs(name: str, out: Path, seeds: range) -> list[Path]:
     return [out / f"{_slug(name)}-seed{s}" for s in seeds]
+
+
+DIVERGED = "DIVERGED"  # the file a suite writes in a run directory whose training diverged (its message)
+
+
+def _summaries(name: str, out: Path, seeds: range) -> list[dict | None]:
+    """The summaries of a variant's runs, seed by seed; None for a run that diverged."""
+    return [None if (r / DIVERGED).is_file() else read_summary(r) for r in _runs(name, out, seeds)]
+
+
+def _cell(runs: list[dict | None], value: Callable[[dict], float], fmt: str) -> str:
+    """:func:`ci_cell` over the runs that finished, with how many diverged."""
+    finished = [value(s) for s in runs if s is not None]
+    diverged = len(runs) - len(finished)
+    cell = ci_cell(finished, fmt) if finished else "—"
+    return cell if not diverged else f"{cell} ({diverged}/{len(runs)} diverged)"
 
 
 def _consensus_report(suite: Suite, configs: dict, out: Path, seeds: range) -> str:
