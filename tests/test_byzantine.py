@@ -70,6 +70,8 @@ def test_centered_clipping_clips_each_difference_and_converges_to_a_fixed_point(
     torch.testing.assert_close(clip(u, 1.0), u / 5, rtol=0, atol=1e-15)
     torch.testing.assert_close(clip(u, 10.0), u, rtol=0, atol=0)
     torch.testing.assert_close(clip(torch.zeros(2, dtype=F64), 1.0), torch.zeros(2, dtype=F64), rtol=0, atol=0)
+    torch.testing.assert_close(clip(torch.zeros(2, dtype=F64), 0.0), torch.zeros(2, dtype=F64), rtol=0, atol=0)
+    torch.testing.assert_close(clip(u, 0.0), torch.zeros(2, dtype=F64), rtol=0, atol=0)
     # one step from v = 0 by hand: messages (2, 0), (0, 1), (10, 0), τ = 1
     M = torch.tensor([[[2.0, 0.0], [0.0, 1.0], [10.0, 0.0]]], dtype=F64)
     step = centered_clip(M, torch.zeros(1, 2, dtype=F64), 1.0, 1)
@@ -332,3 +334,11 @@ def test_every_attack_against_every_aggregator_trains_with_finite_honest_metrics
                             f"byzantine.aggregator={rule}", *keys)
     assert all(math.isfinite(rows[-1][k]) for k in ("loss", "consensus_distance_sq", "test_accuracy"))
     assert summary["byzantine_ids"] == [3] and rows[-1]["byzantine_workers"] == 1
+
+
+def test_self_centered_clipping_of_a_worker_whose_neighbours_all_lie_stays_finite():
+    """Ring of 4, workers 0 and 2 Byzantine: 1 and 3 see only themselves honest, ALIE sends them
+    their own model, τ_i = 0 — CLIP(0, 0) is 0, not 0/0 (a run stopped on NaN at step 2 before)."""
+    _, rows, _ = _run("algorithm=gossip", "topology=ring", "byzantine.workers=[0,2]", "byzantine.attack=alie",
+                      "byzantine.aggregator=self-centered-clip")
+    assert math.isfinite(rows[-1]["loss"])

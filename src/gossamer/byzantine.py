@@ -253,9 +253,10 @@ def krum(M: torch.Tensor, f: int, select: int = 1) -> torch.Tensor:
 
 
 def clip(U: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
-    """CLIP(u, τ) = u·min(1, τ/‖u‖) along the last dimension."""
+    """CLIP(u, τ) = u·min(1, τ/‖u‖) along the last dimension (u itself where ‖u‖ ≤ τ, also u = 0
+    with τ = 0: self-centered clipping's τ_i is 0 when a neighbour sent x_i itself)."""
     norm = U.norm(dim=-1, keepdim=True)
-    return U * torch.clamp(tau / norm, max=1.0)
+    return torch.where(norm > tau, U * (tau / norm), U)
 
 
 def centered_clip(M: torch.Tensor, center: torch.Tensor, tau: float, iterations: int) -> torch.Tensor:
