@@ -15,7 +15,10 @@
    samples per second, with equal speeds and with stragglers;
 7. thousands of workers (the MLP and the 1-D CNN at n = 256, 1,024, 4,096; gossip on a ring, b = 16,
    4 steps an epoch, MNIST-1D's 1,000 test samples): step time, an evaluation's time with
-   ``eval_local: all`` and with ``eval_local: 16`` against an epoch's, and the resident memory.
+   ``eval_local: all`` and with ``eval_local: 16`` against an epoch's, and the resident memory;
+8. what a robust aggregator costs (the 1-D CNN, n = 16 and 64, 1/8 of the workers Byzantine):
+   All-Reduce's step with each rule against the plain mean, gossip's on a ring with clipping
+   against plain gossip.
 
 ``--device cuda`` runs benchmarks 2-5 on the GPU (timings synchronise the device; memory is
 ``torch.cuda.max_memory_allocated``) and checks that a step whose metrics are not due makes no
@@ -255,6 +258,35 @@ def bench_async(quick: bool) -> list[dict]:
     return rows
 
 
+BYZANTINE_ATTACK = ("byzantine.fraction=0.125", "byzantine.attack=sign-flip")
+BYZANTINE_CASES = {"All-Reduce": (("algorithm=allreduce",), {
+                       "mean, no Byzantine worker": (), "mean": BYZANTINE_ATTACK,
+                       **{rule: (*BYZANTINE_ATTACK, f"byzantine.aggregator={rule}", *keys) for rule, keys in (
+                           ("median", ()), ("trimmed-mean", ()), ("krum", ()),
+                           ("centered-clip", ("byzantine.clip=3",)))}}),
+                   "gossip, ring": (("algorithm=gossip", "topology=ring"), {
+                       "mean, no Byzantine worker": (), "mean": BYZANTINE_ATTACK,
+                       "clipped-gossip": (*BYZANTINE_ATTACK, "byzantine.aggregator=clipped-gossip",
+                                          "byzantine.clip=0.1"),
+                       "self-centered-clip": (*BYZANTINE_ATTACK, "byzantine.aggregator=self-centered-clip")})}
+
+
+def bench_byzantine(quick: bool) -> list[dict]:
+    """Benchmark 8: a step's time with each robust rule against the same algorithm's plain step."""
+    rows = []
+    for n in (16,) if quick else (16, 64):
+        for algorithm, (overrides, rules) in BYZANTINE_CASES.items():
+            steps = {rule: sim_step(build("cnn1d", n, 16, algorithm=(*overrides, *keys)))
+                     for rule, keys in rules.items()}
+            seconds = _median_interleaved(steps, reps=5 if quick else 15, warmup=2)
+            base = seconds["mean, no Byzantine worker"]
+            for rule, t in seconds.items():
+                rows.append({"algorithm": algorithm, "workers": n, "rule": rule, "step_ms": 1e3 * t,
+                             "vs_plain": t / base})
+                _log(rows[-1])
+    return rows
+
+
 def bench_scale(quick: bool) -> list[dict]:
     """Benchmark 7: one epoch's steps against an evaluation of x̄ and the local models."""
     rows, test = [], 1000
@@ -448,6 +480,14 @@ def report(res: dict) -> str:
                 f"{r['eval_16_seconds'] / r['epoch_seconds']:.2f} | "
                 f"{_mib(r['rss_bytes']) if r['rss_bytes'] else '—'} |" for r in res["scale"]]
         out.append("")
+    if "byzantine" in res:
+        out += ["## 8. What a robust aggregator costs", "",
+                "The 1-D CNN, b = 16, 1/8 of the workers Byzantine (sign-flip); a step's time against the same "
+                "algorithm with no byzantine section.", "",
+                "| algorithm | n | rule | step | × plain |", "|---|---|---|---|---|"]
+        out += [f"| {r['algorithm']} | {r['workers']} | {r['rule']} | {r['step_ms']:.1f} ms | {r['vs_plain']:.2f} |"
+                for r in res["byzantine"]]
+        out.append("")
     if "async" in res:
         out += ["## 6. AD-PSGD's events against synchronous D-SGD", "",
                 "The 1-D CNN, b = 16, a ring; a step is n gradient evaluations in both. Target: AD-PSGD ≥ 0.5× "
@@ -463,7 +503,7 @@ def report(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/simulator.py", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller cases, fewer repetitions (~2 min)")
-    ap.add_argument("--only", default="1,2,3,4,5,6,7", help="comma-separated benchmark numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,8", help="comma-separated benchmark numbers")
     ap.add_argument("--json", type=Path, help="also save the raw figures here")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice). On a machine "
                     "whose cores other processes also use, 1 avoids OpenMP threads waiting on descheduled peers")
@@ -496,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
         res["async"] = bench_async(a.quick)
     if 7 in only:
         res["scale"] = bench_scale(a.quick)
+    if 8 in only:
+        res["byzantine"] = bench_byzantine(a.quick)
     if 5 in only and _can_probe_memory():
         res["memory"] = bench_memory(a.quick)
     elif 5 in only:
