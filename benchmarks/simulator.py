@@ -414,6 +414,12 @@ def _mib(x: float) -> str:
     return f"{x / 2**20:.1f} MiB"
 
 
+def _table(title: str, intro: str, head: list[str], rows: list[list]) -> list[str]:
+    """A report section: its title, a sentence, and a Markdown table."""
+    return [f"## {title}", "", intro, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+            *("| " + " | ".join(map(str, row)) + " |" for row in rows), ""]
+
+
 def report(res: dict) -> str:
     out = []
     if "processes" in res:
@@ -481,22 +487,19 @@ def report(res: dict) -> str:
                 f"{_mib(r['rss_bytes']) if r['rss_bytes'] else '—'} |" for r in res["scale"]]
         out.append("")
     if "byzantine" in res:
-        out += ["## 8. What a robust aggregator costs", "",
-                "The 1-D CNN, b = 16, 1/8 of the workers Byzantine (sign-flip); a step's time against the same "
-                "algorithm with no byzantine section.", "",
-                "| algorithm | n | rule | step | × plain |", "|---|---|---|---|---|"]
-        out += [f"| {r['algorithm']} | {r['workers']} | {r['rule']} | {r['step_ms']:.1f} ms | {r['vs_plain']:.2f} |"
-                for r in res["byzantine"]]
-        out.append("")
+        out += _table("8. What a robust aggregator costs",
+                      "The 1-D CNN, b = 16, 1/8 of the workers Byzantine (sign-flip); a step's time against the same "
+                      "algorithm with no byzantine section.", ["algorithm", "n", "rule", "step", "× plain"],
+                      [[r["algorithm"], r["workers"], r["rule"], f"{r['step_ms']:.1f} ms", f"{r['vs_plain']:.2f}"]
+                       for r in res["byzantine"]])
     if "async" in res:
-        out += ["## 6. AD-PSGD's events against synchronous D-SGD", "",
-                "The 1-D CNN, b = 16, a ring; a step is n gradient evaluations in both. Target: AD-PSGD ≥ 0.5× "
-                "the samples per second of D-SGD at n = 32.", "",
-                "| case | n | step | samples/s | vs D-SGD | batched gradient calls |", "|---|---|---|---|---|---|"]
-        out += [f"| {r['case']} | {r['workers']} | {r['step_ms']:.1f} ms | {r['samples_per_second']:,.0f} | "
-                f"{r['vs_dsgd']:.2f} | {r['gradient_calls'] if r['gradient_calls'] is not None else '—'} |"
-                for r in res["async"]]
-        out.append("")
+        out += _table("6. AD-PSGD's events against synchronous D-SGD",
+                      "The 1-D CNN, b = 16, a ring; a step is n gradient evaluations in both. Target: AD-PSGD ≥ 0.5× "
+                      "the samples per second of D-SGD at n = 32.",
+                      ["case", "n", "step", "samples/s", "vs D-SGD", "batched gradient calls"],
+                      [[r["case"], r["workers"], f"{r['step_ms']:.1f} ms", f"{r['samples_per_second']:,.0f}",
+                        f"{r['vs_dsgd']:.2f}", r["gradient_calls"] if r["gradient_calls"] is not None else "—"]
+                       for r in res["async"]])
     return "\n".join(out)
 
 
