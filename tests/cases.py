@@ -77,6 +77,8 @@ FEATURES = {
     "byzantine-gossip-gaussian-trimmed-mean": ["algorithm=gossip", "topology=random-matching",
                                                "byzantine.fraction=0.25", "byzantine.attack=gaussian",
                                                "byzantine.strength=0.1", "byzantine.aggregator=trimmed-mean"],
+    "byzantine-gossip-clean-reference": ["algorithm=gossip", "topology=ring", "byzantine.workers=[1]",
+                                         "byzantine.attack=ipm", "byzantine.clean_reference=true"],
     "simulated-time": ["algorithm=hierarchical", "block_size=2", "local_steps=2", "network=ethernet-1g",
                        "network.workers_per_node=2", "compute_ms=2", "target_accuracy=0.15"],
 }

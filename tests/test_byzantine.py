@@ -298,6 +298,7 @@ def test_label_flip_workers_train_on_flipped_labels():
     (["byzantine.workers=[0]", "byzantine.attack=ipm", "byzantine.aggregator=krum"], "2f + 2 < n"),
     (["byzantine.workers=[0]", "byzantine.attack=label-flip", "byzantine.strength=2"], "byzantine.strength"),
     (["algorithm=choco", "byzantine.workers=[0]", "byzantine.attack=ipm"], "byzantine applies to"),
+    (["byzantine.clean_reference=true"], "byzantine.clean_reference"),
     (["algorithm=local", "compression=sign", "byzantine.workers=[0]", "byzantine.attack=ipm"], "compression"),
     (["byzantine.workers=[0]", "byzantine.attack=ipm", "faults.events=[1@2-3]"], "byzantine and faults"),
     (["algorithm=gossip", "phases=[allreduce,gossip]", "phase_steps=[2]", "byzantine.workers=[0]",
@@ -342,3 +343,20 @@ def test_self_centered_clipping_of_a_worker_whose_neighbours_all_lie_stays_finit
     _, rows, _ = _run("algorithm=gossip", "topology=ring", "byzantine.workers=[0,2]", "byzantine.attack=alie",
                       "byzantine.aggregator=self-centered-clip")
     assert math.isfinite(rows[-1]["loss"])
+
+
+def test_the_clean_reference_is_the_plain_run_and_measures_the_honest_workers_distance_from_it():
+    """byzantine.clean_reference trains the run without its section step for step: its rows are
+    the plain run's bit for bit. With the trimmed mean at b = 0 and nobody lying (the mean, summed
+    as x_ref + mean(Δ)), the honest workers stay within rounding of it; under attack they do not."""
+    plain, _, _ = _run("algorithm=local", "local_steps=2")
+    same, rows, summary = _run("algorithm=local", "local_steps=2", "byzantine.aggregator=trimmed-mean",
+                               "byzantine.trim=0", "byzantine.clean_reference=true")
+    assert torch.equal(same.clean.run.workers.X, plain.workers.X)
+    assert summary["final_honest_distance_to_clean_sq"] < 1e-20 and "mean_distance_to_clean_sq" in rows[-1]
+    attacked, rows, summary = _run("algorithm=local", "local_steps=2", "byzantine.workers=[2]",
+                                   "byzantine.attack=sign-flip", "byzantine.clean_reference=true")
+    X, clean = attacked.workers.X[[0, 1, 3]], attacked.clean.run.workers.X.mean(0)
+    assert summary["final_honest_distance_to_clean_sq"] == pytest.approx((X - clean).square().sum(1).mean().item(),
+                                                                         rel=1e-12)
+    assert summary["final_mean_distance_to_clean_sq"] > 1e-6

@@ -101,6 +101,8 @@ class ByzantineConfig:
     clip_iterations: int = 1  # L: centered-clip's iterations per aggregation
     trim: int | None = None  # b: trimmed-mean's values dropped at each end (None: the Byzantine count)
     krum_f: int | None = None  # the f krum and multi-krum assume (None: the Byzantine count)
+    # also train the run without this section step for step, and report the honest workers' distance from its x̄
+    clean_reference: bool = False
 
     def validate(self, cfg) -> None:
         n, family = cfg.workers, family_of(cfg)
@@ -134,6 +136,10 @@ class ByzantineConfig:
             raise ConfigError(f"byzantine.attack {self.attack} needs a graph (a worker's neighbours): algorithm "
                               f"{cfg.algorithm} has none; use algorithm gossip")
         self._validate_parameters(n, f)
+        if self.clean_reference and (cfg.engine != "sim" or not self.active(n)):
+            raise ConfigError("byzantine.clean_reference trains the clean run beside this one in the simulator: it "
+                              "needs engine sim and a Byzantine worker or a robust aggregator"
+                              if cfg.engine == "sim" else "byzantine.clean_reference applies to engine sim only")
 
     def _validate_parameters(self, n: int, f: int) -> None:
         if self.strength is not None:

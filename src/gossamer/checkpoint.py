@@ -5,8 +5,9 @@ every worker's integer buffers), the local optimizer's state and step count, the
 state (compression references and residuals, the gossip round counter, DiLoCo's outer model and
 momentum, ...), the communication counters, the loop's own state (the EMA of φ², extra rounds),
 the RNG state, the config, with a network section each worker's simulated clock, with faults
-who is alive (and the churn state), and with Byzantine workers the robust aggregator's memory. The position in the data order is the step: every epoch's batches
-are a function of (seed, epoch). Tensors with one row per worker sit under ``rows`` keys; an
+who is alive (and the churn state), with Byzantine workers the robust aggregator's memory and
+the clean reference run's own checkpoint. The position in the data order is the step: every
+epoch's batches are a function of (seed, epoch). Tensors with one row per worker sit under ``rows`` keys; an
 engine gathers them from all processes when saving and takes its own rows when restoring.
 
 Everything in a checkpoint is a tensor, a number, a string, a list or a dict, so it loads with
@@ -38,7 +39,8 @@ def capture(run, progress, step: int) -> dict:
             "comm": run.engine.comm.state_dict(), "progress": progress.state_dict(), "rng": rng,
             **({"clock": run.clock.state_dict()} if run.clock is not None else {}),
             **({"faults": run.faults.state_dict()} if run.faults is not None else {}),
-            **({"byzantine": run.engine.adversary.state_dict()} if run.engine.adversary is not None else {})}
+            **({"byzantine": run.engine.adversary.state_dict()} if run.engine.adversary is not None else {}),
+            **({"clean": capture(run.clean.run, run.clean.progress, step)} if run.clean is not None else {})}
 
 
 def restore(run, progress, state: dict) -> int:
@@ -58,6 +60,8 @@ def restore(run, progress, state: dict) -> int:
         run.faults.load_state_dict(local["faults"])
     if run.engine.adversary is not None:
         run.engine.adversary.load_state_dict(_on(local["byzantine"], w.X.device))
+    if run.clean is not None:
+        restore(run.clean.run, run.clean.progress, local["clean"])
     torch.set_rng_state(local["rng"]["torch"])
     if "cuda" in local["rng"] and w.X.device.type == "cuda":
         torch.cuda.set_rng_state(local["rng"]["cuda"], w.X.device)

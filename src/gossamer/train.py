@@ -12,6 +12,7 @@ every evaluation; between them the step takes no host synchronisation of its own
 
 from __future__ import annotations
 
+import copy
 import inspect
 import math
 import time
@@ -87,6 +88,7 @@ class Run:
     shards: list | None
     clock: Clock | None = None  # with a network section: prices each step in simulated seconds
     faults: Faults | None = None  # with a faults section: who is alive at each step
+    clean: Clean | None = None  # byzantine.clean_reference: the same run without Byzantine workers, in lockstep
 
 
 @dataclass
@@ -107,6 +109,36 @@ class Progress:
 
     def load_state_dict(self, state: dict) -> None:
         vars(self).update(state)
+
+
+@dataclass
+class Clean:
+    """The run without its ``byzantine`` section (and without a network: its time is not asked),
+    trained step for step beside the attacked one: the reference its honest workers are measured
+    against (``byzantine.clean_reference``)."""
+
+    run: Run
+    progress: Progress
+    batches: Batches
+
+    @classmethod
+    def build(cls, cfg: Config, data: Dataset) -> Clean:
+        clean = copy.deepcopy(cfg)
+        clean.byzantine = clean.network = clean.compute_ms = clean.slow_workers = clean.compute_jitter = None
+        clean.target_accuracy = clean.target_loss = None
+        run = build_run(clean, data=data)
+        return cls(run, Progress(), Batches(run))
+
+    def step(self, t: int, lr: float) -> None:
+        train_step(self.run, self.progress, self.batches, t, lr, False, computing(self.run, t))
+
+    def distances(self, X: torch.Tensor, honest: np.ndarray) -> dict[str, float]:
+        """The honest workers' mean squared distance from the clean run's x̄, (1/h) Σ_honest
+        ‖x_i − x̄_clean‖², and their x̄'s, ‖x̄_honest − x̄_clean‖² (read in the simulator, not traffic)."""
+        clean = self.run.workers.X.mean(0)
+        rows = X[torch.as_tensor(honest, device=X.device)]
+        return {"honest_distance_to_clean_sq": (rows - clean).square().sum(1).mean().item(),
+                "mean_distance_to_clean_sq": (rows.mean(0) - clean).square().sum().item()}
 
 
 class Batches:
@@ -155,7 +187,8 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     cfg.validate()
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
-    data = (data or load_dataset(cfg)).to(device, dtype)
+    source = data or load_dataset(cfg)  # as given: a clean reference run starts from it too
+    data = source.to(device, dtype)
     if cfg.validation_fraction:
         kept, held = validation_split(len(data.y_train), cfg.validation_fraction, cfg.seed, cfg.workers, cfg.batch_size)
         data = data.hold_out(kept.to(device), held.to(device))
@@ -198,7 +231,10 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     if cfg.faults is not None:
         faults = Faults(cfg.faults, cfg.workers, cfg.seed)
         faults.check_steps(cfg.epochs * steps)
-    return Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults)
+    run = Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults)
+    if cfg.byzantine is not None and cfg.byzantine.clean_reference:
+        run.clean = Clean.build(cfg, source)
+    return run
 
 
 TARGETS = {"target_accuracy": "test_accuracy", "target_loss": "test_loss"}  # config key → metric it targets
@@ -453,6 +489,8 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
     every = max(1, round(cfg.checkpoint_every * S))
     state = Progress()
     run.schedule.start(e, w.X)
+    if run.clean is not None:
+        run.clean.run.schedule.start(run.clean.run.engine, run.clean.run.workers.X)
     first = restore(run, state, resume) if resume is not None else 0
     if first >= total:
         raise ConfigError(f"the run is finished ({first} of {total} steps); to train longer, resume with a "
@@ -468,6 +506,8 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
                                                                      run.optimizer)
         computes = computing(run, t)
         metrics = train_step(run, state, batches, t, lr_at(cfg, t, S), measure, computes)
+        if run.clean is not None:
+            run.clean.step(t, lr_at(cfg, t, S))
         for T, gone, rows in frozen:
             T[gone] = rows
         if measure:
@@ -476,6 +516,8 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
                 row.update(run.faults.metrics(graph_of(run.schedule)))
         if evaluating:
             row.update(evaluate(run, t))
+            if run.clean is not None:
+                row.update(run.clean.distances(w.X, e.adversary.honest))
             row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
             bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
                             xi2=f"{row['consensus_distance_sq']:.2e}")
@@ -516,6 +558,7 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
     cfg = run.cfg
     return {
         **{k: v for k, v in row.items() if k.startswith(("test_", "val_")) or k == "sharpness"},
+        **{f"final_{k}": row[k] for k in ("honest_distance_to_clean_sq", "mean_distance_to_clean_sq") if k in row},
         "final_consensus_distance_sq": row["consensus_distance_sq"],
         "final_loss": row["loss"],
         **run.engine.comm.summary(),
