@@ -224,6 +224,8 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
                       reference, total_steps=cfg.epochs * steps, clock=clock,
                       shapes=[tuple(s.shape) for s in workers.param_slots])
     schedule = build_schedule(cfg, context)
+    if engine.adversary is not None:
+        _check_robust_gossip_memory(engine.m, workers.d, graph_of(schedule), dtype, device)
     _check_target(cfg, task)
     if clock is not None:
         engine.comm.keep()
@@ -282,6 +284,20 @@ def _check_memory(cfg: Config, data: Dataset, task: Task, m: int, dtype: torch.d
     raise ConfigError(f"{option}: model {cfg.model} needs about {_gib(need)} on {device.type}, more than the "
                       f"{_gib(free)} free: {_gib(held.values * value)} of activations for {held.what} and "
                       f"{_gib(matrix)} for 5 copies of the [{m}, {_count(size.parameters)}] worker matrix; {advice}")
+
+
+def _check_robust_gossip_memory(m: int, d: int, topology, dtype: torch.dtype, device: torch.device) -> None:
+    """Refuse a Byzantine gossip run whose round cannot fit: every local worker receives its K
+    neighbours' rows, [m, K, d], held about three times over (received, attacked, clipped)."""
+    if topology is None:
+        return
+    K = topology.mixing(0).K
+    need = 3 * m * K * d * torch.empty(0, dtype=dtype).element_size()
+    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else free_memory()
+    if free is not None and need > free:
+        raise ConfigError(f"byzantine: a gossip round with an adversary holds every worker's {K} neighbours' rows "
+                          f"([{m}, {K}, {_count(d)}], about {_gib(need)}), more than the {_gib(free)} free on "
+                          f"{device.type}; use a sparser topology or fewer workers")
 
 
 def _gib(nbytes: float) -> str:
