@@ -214,7 +214,23 @@ def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
 # on 2): gossip, peers, blocks across processes, grid lines, dropped links, DiLoCo
 ONE_PER_PROCESS = ("allreduce", "gossip", "choco", "sgp", "gradient-tracking", "hierarchical", "diloco", "moshpit",
                    "dspodfl")
-DIST_CASES = {2: on_dist(representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES))),
+def byzantine_pairs() -> dict[str, list[str]]:
+    """Every attack × aggregator pair a family takes: local SGD (the all-reduce family) and gossip on
+    a ring, 6 workers, worker 3 Byzantine (the 2-process launch holds it in its second process)."""
+    from gossamer.byzantine import ALLREDUCE_AGGREGATORS, ATTACKS, GOSSIP_AGGREGATORS, GRAPH_ATTACKS
+
+    families = {"local": (["algorithm=local", "local_steps=2"], ALLREDUCE_AGGREGATORS),
+                "gossip": (["algorithm=gossip", "topology=ring"], GOSSIP_AGGREGATORS)}
+    return {f"byzantine-pair-{family}-{attack}-{rule}": [*algorithm, "workers=6", "byzantine.workers=[3]",
+                                                     f"byzantine.attack={attack}", f"byzantine.aggregator={rule}",
+                                                     *(["byzantine.clip=0.1"] if "clip" in rule and "self" not in rule
+                                                       else [])]
+            for family, (algorithm, rules) in families.items() for attack in ATTACKS[1:]
+            if family == "gossip" or attack not in GRAPH_ATTACKS for rule in rules}
+
+
+DIST_CASES = {2: {**on_dist(representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES))),
+                  **byzantine_pairs()},
               4: {**{name: o for name, o in on_dist(representatives(features=(
                   "gossip-ring", "gossip-frequency", "simulated-time", "hierarchical-faults"))).items()
                   if name in FEATURES or name.rsplit("-", 2)[0] in ONE_PER_PROCESS}, **ROUND_TOPOLOGY_CASES}}
