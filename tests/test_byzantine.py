@@ -296,6 +296,8 @@ def test_label_flip_workers_train_on_flipped_labels():
     (["byzantine.aggregator=centered-clip"], "byzantine.clip"),
     (["byzantine.aggregator=median", "byzantine.clip=1"], "byzantine.clip"),
     (["byzantine.workers=[0]", "byzantine.attack=ipm", "byzantine.aggregator=krum"], "2f + 2 < n"),
+    (["algorithm=hierarchical", "workers=8", "block_size=4", "byzantine.workers=[0]", "byzantine.attack=ipm",
+      "byzantine.aggregator=krum"], "block_size = 4"),
     (["byzantine.workers=[0]", "byzantine.attack=label-flip", "byzantine.strength=2"], "byzantine.strength"),
     (["algorithm=choco", "byzantine.workers=[0]", "byzantine.attack=ipm"], "byzantine applies to"),
     (["byzantine.clean_reference=true"], "byzantine.clean_reference"),
@@ -377,3 +379,14 @@ def test_a_byzantine_gossip_round_that_cannot_fit_is_refused_naming_the_topology
     monkeypatch.setattr(train_module, "free_memory", lambda: 3 * 4 * 3 * d * 8 + 10**6)
     build_run(load_config(None, [*SHORT, "num_samples=1000", "algorithm=gossip", "topology=ring",
                                  "byzantine.workers=[0]", "byzantine.attack=ipm"]))
+
+
+def test_a_block_of_byzantine_workers_only_is_left_as_it_is():
+    """Hierarchical blocks of 2 with both of block 0 Byzantine: no honest row to imitate there (no
+    0/0), the other blocks attacked as usual."""
+    engine, X = SimEngine(4), torch.randn(4, 3, dtype=F64, generator=torch.Generator().manual_seed(4))
+    engine.adversary = _adversary(4, [0, 1], attack="alie")
+    Y = X.clone()
+    engine.block_mean_(Y, 2)
+    torch.testing.assert_close(Y[:2], X[:2].mean(0).expand(2, 3), rtol=0, atol=1e-15)
+    torch.testing.assert_close(Y[2:], X[2:].mean(0).expand(2, 3), rtol=0, atol=1e-15)

@@ -135,13 +135,14 @@ class ByzantineConfig:
         if self.attack in GRAPH_ATTACKS and family != "gossip":
             raise ConfigError(f"byzantine.attack {self.attack} needs a graph (a worker's neighbours): algorithm "
                               f"{cfg.algorithm} has none; use algorithm gossip")
-        self._validate_parameters(n, f)
+        group = cfg.block_size if cfg.algorithm == "hierarchical" else n  # the smallest set a rule aggregates
+        self._validate_parameters(n, f, group)
         if self.clean_reference and (cfg.engine != "sim" or not self.active(n)):
             raise ConfigError("byzantine.clean_reference trains the clean run beside this one in the simulator: it "
                               "needs engine sim and a Byzantine worker or a robust aggregator"
                               if cfg.engine == "sim" else "byzantine.clean_reference applies to engine sim only")
 
-    def _validate_parameters(self, n: int, f: int) -> None:
+    def _validate_parameters(self, n: int, f: int, group: int) -> None:
         if self.strength is not None:
             strong = (*DEFAULT_STRENGTH, "alie")
             if self.attack not in strong:
@@ -168,9 +169,10 @@ class ByzantineConfig:
             raise ConfigError(f"byzantine.trim must be in [0, {(n + 1) // 2}) (b values dropped at each end of n = "
                               f"{n}), got {self.trim}")
         krum_f = f if self.krum_f is None else self.krum_f
-        if self.aggregator in needs["krum_f"] and not (0 <= krum_f and 2 * krum_f + 2 < n):
-            raise ConfigError(f"byzantine.aggregator {self.aggregator} needs 2f + 2 < n (Blanchard et al.): f = "
-                              f"{krum_f}{'' if self.krum_f is None else ' (krum_f)'}, n = {n}")
+        if self.aggregator in needs["krum_f"] and not (0 <= krum_f and 2 * krum_f + 2 < group):
+            raise ConfigError(f"byzantine.aggregator {self.aggregator} needs 2f + 2 < n (Blanchard et al.) in every "
+                              f"group it aggregates: f = {krum_f}{'' if self.krum_f is None else ' (krum_f)'}, "
+                              f"{'block_size' if group < n else 'n'} = {group}")
 
     def count(self, n: int) -> int:
         """f: how many workers are Byzantine."""

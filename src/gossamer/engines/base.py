@@ -194,6 +194,8 @@ class Engine:
         ids = torch.arange(self.rows.start, self.rows.stop, device=X.device)
         for start in range(0, self.n, size):
             honest = [i for i in range(start, start + size) if not adversary.byzantine[i]]
+            if not honest:  # a block of Byzantine workers only: nobody to deceive, nothing to imitate
+                continue
             mine = byzantine & (ids // size == start // size)
             workers = torch.as_tensor(honest, device=X.device)
             mu = self._rows_mean(X, workers)
