@@ -390,3 +390,14 @@ def test_a_block_of_byzantine_workers_only_is_left_as_it_is():
     engine.block_mean_(Y, 2)
     torch.testing.assert_close(Y[:2], X[:2].mean(0).expand(2, 3), rtol=0, atol=1e-15)
     torch.testing.assert_close(Y[2:], X[2:].mean(0).expand(2, 3), rtol=0, atol=1e-15)
+
+
+def test_the_shipped_configs_load():
+    """configs/*.yaml (the byzantine example among them) are valid configs."""
+    from pathlib import Path
+
+    files = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+    assert any(f.name == "byzantine-ring.yaml" for f in files)
+    for file in files:
+        load_config(file)
+    assert load_config(files[0].parent / "byzantine-ring.yaml").byzantine.attack == "dissensus"
