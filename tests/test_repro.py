@@ -213,3 +213,20 @@ def test_a_run_that_diverges_stops_alone_and_the_tables_say_so(tmp_path):
     assert any("diverged" in line for line in logged)
     assert "(1/1 diverged)" in results
     assert f"| {victim} | ring, gossip, no attack | diverged | — | — |" in results
+
+
+def test_bootstrap_intervals_of_the_rank_correlations_resample_the_seeds():
+    """Accuracies ordered by the second measure in every seed: every resample gives ρ = +1 for it
+    and −1 for the first, so both intervals are points and their difference's excludes 0; with
+    noise the interval holds the point estimate; the draws come from a named stream (repeatable)."""
+    from gossamer.repro import bootstrap_spearman, spearman
+
+    accuracy = [[0.1, 0.2, 0.15], [0.3, 0.4, 0.35], [0.5, 0.6, 0.55]]
+    intervals = bootstrap_spearman(accuracy, {"gap": [3.0, 2.0, 1.0], "nw": [1.0, 2.0, 3.0]}, draws=200)
+    assert intervals["gap"] == (-1.0, -1.0) and intervals["nw"] == (1.0, 1.0) and intervals["gap − nw"] == (-2.0, -2.0)
+    noisy = [[0.5, 0.1, 0.3, 0.2], [0.2, 0.4, 0.3, 0.5], [0.4, 0.3, 0.6, 0.1], [0.3, 0.5, 0.2, 0.4]]
+    measures = {"gap": [1.0, 2.0, 3.0, 4.0], "nw": [4.0, 1.0, 3.0, 2.0]}
+    first = bootstrap_spearman(noisy, measures, draws=300)
+    assert first == bootstrap_spearman(noisy, measures, draws=300)
+    point = spearman(measures["gap"], [sum(r) / 4 for r in noisy])
+    assert first["gap"][0] <= point <= first["gap"][1] and first["gap"][0] < first["gap"][1]

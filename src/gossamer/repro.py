@@ -42,6 +42,7 @@ import torch
 
 from .config import Config, ConfigError, load_config, parse_yaml
 from .registry import short
+from .rng import declare, host_stream
 from .report import (CONFIDENCE, axis_table, ci_cell, mean_ci, plot_consensus, plot_runs, plot_tradeoff, read_rows,
                      read_summary, test_metrics)
 from .train import Diverged, reached_target
@@ -1074,6 +1075,38 @@ def spearman(xs: list[float], ys: list[float]) -> float | None:
     return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
 
 
+BOOTSTRAP = declare("bootstrap-seeds", "the seeds a bootstrap resample of a suite's runs draws", ("draw",))
+BOOTSTRAP_DRAWS = 2000
+
+
+def bootstrap_spearman(accuracy: list[list[float]], measures: dict[str, list[float]],
+                       draws: int = BOOTSTRAP_DRAWS) -> dict[str, tuple[float, float]]:
+    """Percentile intervals (CONFIDENCE) of Spearman's ρ between each measure and the variants'
+    mean accuracy, and of each pair's difference (``"a − b"``), over bootstrap resamples of the
+    seeds: ``accuracy`` [variant][seed]; every resample draws K seeds with replacement (the same for
+    every variant: a seed is one initialisation and data order for all of them), stream
+    ``bootstrap-seeds``. A resample where a ρ is undefined (all means equal) is left out of it."""
+    k = len(accuracy[0])
+    samples: dict[str, list[float]] = {name: [] for name in measures}
+    names = list(measures)
+    differences = {f"{a} − {b}": [] for i, a in enumerate(names) for b in names[i + 1:]}
+    for draw in range(draws):
+        chosen = host_stream(BOOTSTRAP, 0, draw).integers(0, k, size=k)
+        means = [statistics.mean(runs[j] for j in chosen) for runs in accuracy]
+        rho = {name: spearman(values, means) for name, values in measures.items()}
+        for name, r in rho.items():
+            if r is not None:
+                samples[name].append(r)
+        for key in differences:
+            a, b = key.split(" − ")
+            if rho[a] is not None and rho[b] is not None:
+                differences[key].append(rho[a] - rho[b])
+    low, high = round((1 - CONFIDENCE) / 2 * 1000) - 1, round((1 + CONFIDENCE) / 2 * 1000) - 1
+    cuts = {name: statistics.quantiles(v, n=1000, method="inclusive")
+            for name, v in {**samples, **differences}.items() if len(v) > 1}
+    return {name: (q[low], q[high]) for name, q in cuts.items()}
+
+
 def topology_measures(cfg) -> dict:
     """``gossamer topology``'s measures of a run's graph (All-Reduce: the complete graph)."""
     from .topology import analyse, build_topology
@@ -1086,7 +1119,9 @@ def topology_measures(cfg) -> dict:
 def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: range) -> str:
     """Per n: accuracy of x̄, mean Ξ² per learning-rate phase, MB sent per worker and the measures
     of each topology; Spearman's rank correlation of the accuracy with the spectral gap and with
-    the effective number of neighbours over the variants, and which ranks the accuracy better."""
+    the effective number of neighbours over the variants, with bootstrap intervals over the seeds
+    (:func:`bootstrap_spearman`), and which ranks the accuracy better: the one whose ρ_s exceeds
+    the other's with a difference interval that excludes 0, else neither."""
     from .topology import DECAY
 
     boundaries = configs[suite.variants[0].name].milestones
@@ -1097,7 +1132,8 @@ def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: range) -> 
              f"ρ over the rounds in brackets (the period; for a random topology the empirical gap of its first "
              f"rounds), the effective number of neighbours n_W(γ) at γ = {DECAY} (Vogels "
              f"et al. 2022) and the expected contraction ‖E[(W_t − J)ᵀ(W_t − J)]‖₂. ρ_s: Spearman's rank "
-             f"correlation with the accuracy of x̄ over the variants.", ""]
+             f"correlation with the accuracy of x̄ over the variants, [its {CONFIDENCE:.0%} bootstrap interval over "
+             f"the seeds].", ""]
     readings = []
     for n in sorted({v.workers for v in suite.variants}):
         variants = [v for v in suite.variants if v.workers == n]
@@ -1119,11 +1155,23 @@ def _topologies_report(suite: Suite, configs: dict, out: Path, seeds: range) -> 
                 f"{info['expected_contraction']:.4f}"]) + " |")
         by_gap, by_neighbours = spearman(gaps, accuracy), spearman(neighbours, accuracy)
         shown = {k: "undefined" if r is None else f"{r:+.2f}" for k, r in (("gap", by_gap), ("nw", by_neighbours))}
-        if by_gap is None or by_neighbours is None or abs(by_gap - by_neighbours) < 0.05:
+        intervals = bootstrap_spearman([[s["test_accuracy"] for s in summaries[v.name]] for v in variants],
+                                       {"gap": gaps, "nw": neighbours}) if len(seeds) > 1 else {}
+        for key in ("gap", "nw"):
+            if key in intervals:
+                shown[key] += " [{:+.2f}, {:+.2f}]".format(*intervals[key])
+        difference = intervals.get("gap − nw")
+        if difference is not None:  # the bootstrap decides: does the interval of ρ_gap − ρ_nW exclude 0?
+            verdict = ("neither ranks it better at this scale (the bootstrap interval of ρ_s(gap) − ρ_s(n_W), "
+                       "[{:+.2f}, {:+.2f}], holds 0)".format(*difference) if difference[0] <= 0 <= difference[1] else
+                       ("the spectral gap" if difference[0] > 0 else "the effective number of neighbours") +
+                       " ranks it better (the bootstrap interval of ρ_s(gap) − ρ_s(n_W), [{:+.2f}, {:+.2f}], "
+                       "excludes 0)".format(*difference))
+        elif by_gap is None or by_neighbours is None or abs(by_gap - by_neighbours) < 0.05:
             verdict = "neither ranks it clearly better"
         else:
             verdict = ("the effective number of neighbours" if by_neighbours > by_gap else "the spectral gap") + \
-                " ranks it better"
+                " ranks it better (one seed: no interval)"
         spread = max(accuracy) - min(accuracy)
         noise = statistics.mean(statistics.stdev([s["test_accuracy"] for s in summaries[v.name]])
                                 for v in variants) if len(seeds) > 1 else None
