@@ -307,6 +307,7 @@ class Adversary:
     seed: int
     calls: int = 0
     centers: dict[str, torch.Tensor] = field(default_factory=dict)  # site → [m, d] rows
+    _on: dict = field(default_factory=dict, repr=False)  # derived tensors, by what and device (not state)
 
     @classmethod
     def build(cls, cfg) -> Adversary | None:
@@ -330,6 +331,23 @@ class Adversary:
     @property
     def honest(self) -> np.ndarray:
         return ~self.byzantine
+
+    def mask(self, device: torch.device) -> torch.Tensor:
+        """Which workers are Byzantine, bool [n] on ``device`` (made once)."""
+        key = ("mask", device)
+        if key not in self._on:
+            self._on[key] = torch.from_numpy(self.byzantine).to(device)
+        return self._on[key]
+
+    def honest_blocks(self, size: int, device: torch.device) -> list[tuple[int, torch.Tensor]]:
+        """Each block of ``size`` consecutive workers that has an honest one: (its index, the ids of
+        its honest workers on ``device``), made once."""
+        key = ("blocks", size, device)
+        if key not in self._on:
+            self._on[key] = [(start // size, torch.as_tensor(honest, device=device))
+                             for start in range(0, len(self.byzantine), size)
+                             if len(honest := np.flatnonzero(~self.byzantine[start : start + size]) + start)]
+        return self._on[key]
 
     def summary(self) -> dict:
         """summary.json's keys: how many workers are Byzantine, and which."""
@@ -372,7 +390,7 @@ class Adversary:
         operator (centered clipping's center), ``rows`` [r] a local row of each group."""
         self.calls += 1
         if self.crafts:
-            byz = torch.from_numpy(self.byzantine).to(M.device)[members]
+            byz = self.mask(M.device)[members]
             if self.cfg.attack == "gaussian":
                 sent = self._noise(M.shape[2], M)[members]
             else:
@@ -402,7 +420,7 @@ class Adversary:
         the workers in its slots (``senders`` [m, K] global ids, slot 0 itself; ``weight`` [m, K]:
         W's weights, 0 on an unused slot; ``receivers`` [m]: the local workers' global ids)."""
         self.calls += 1
-        byz_of = torch.from_numpy(self.byzantine).to(x.device)
+        byz_of = self.mask(x.device)
         me = senders == receivers.unsqueeze(1)
         neighbour = (weight != 0) & ~me
         own = me & (torch.cumsum(me, 1) == 1)  # x_i, once (unused slots point at i too)

@@ -266,7 +266,7 @@ def _check_memory(cfg: Config, data: Dataset, task: Task, m: int, dtype: torch.d
     """Refuse, before building the model, a run that cannot fit in the memory free on its device:
     m rows of d values for X, G, a scratch copy and at least two rows of optimizer or schedule
     state, and the most activations alive at once (:func:`_activations`)."""
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else free_memory()
+    free = _free_bytes(device)
     if free is None:
         return
     size, value = footprint(cfg, data), torch.empty(0, dtype=dtype).element_size()
@@ -293,11 +293,16 @@ def _check_robust_gossip_memory(m: int, d: int, topology, dtype: torch.dtype, de
         return
     K = topology.mixing(0).K
     need = 3 * m * K * d * torch.empty(0, dtype=dtype).element_size()
-    free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else free_memory()
+    free = _free_bytes(device)
     if free is not None and need > free:
         raise ConfigError(f"byzantine: a gossip round with an adversary holds every worker's {K} neighbours' rows "
                           f"([{m}, {K}, {_count(d)}], about {_gib(need)}), more than the {_gib(free)} free on "
                           f"{device.type}; use a sparser topology or fewer workers")
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Bytes free on ``device`` (None where the host does not say): what the preflights compare with."""
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else free_memory()
 
 
 def _gib(nbytes: float) -> str:
@@ -521,9 +526,10 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
         frozen = [] if run.faults is None else run.faults.begin_step(t, e, graph_of(run.schedule), _state_rows(run),
                                                                      run.optimizer)
         computes = computing(run, t)
-        metrics = train_step(run, state, batches, t, lr_at(cfg, t, S), measure, computes)
+        lr = lr_at(cfg, t, S)
+        metrics = train_step(run, state, batches, t, lr, measure, computes)
         if run.clean is not None:
-            run.clean.step(t, lr_at(cfg, t, S))
+            run.clean.step(t, lr)
         for T, gone, rows in frozen:
             T[gone] = rows
         if measure:

@@ -85,7 +85,18 @@ class Engine:
         self._everyone = Groups.blocks(n, n)
         self._block_groups: dict[int, Groups] = {}
         self._among: dict = {}  # the groups and mixings of this step's living workers, by source
-        self.adversary: Adversary | None = None  # Byzantine workers, their attack and the robust aggregator
+        self._measured_rows: dict = {}  # device → the ids of the workers the metrics are over
+        self.adversary = None  # Byzantine workers, their attack and the robust aggregator
+
+    @property
+    def adversary(self) -> Adversary | None:
+        """The Byzantine workers, their attack and the honest workers' aggregator (None: all honest)."""
+        return self._adversary
+
+    @adversary.setter
+    def adversary(self, adversary: Adversary | None) -> None:
+        self._adversary = adversary
+        self._measured_rows.clear()
 
     def set_alive(self, alive: np.ndarray | None,
                   repair: Callable[[Mixing, np.ndarray], Mixing] = keep_living) -> None:
@@ -95,6 +106,7 @@ class Engine:
         alive = None if alive is None or alive.all() else np.asarray(alive, dtype=bool)
         if not (alive is None and self.alive is None) and not np.array_equal(alive, self.alive):
             self._among.clear()
+            self._measured_rows.clear()
         self.alive, self.repair = alive, repair
 
     def living(self, source: Groups | Mixing) -> Groups | Mixing:
@@ -123,7 +135,8 @@ class Engine:
         measured = self._measured()
         if measured is None:
             return over
-        return [i for i in (range(self.n) if over is None else over) if measured[i]] or over
+        chosen = np.arange(self.n) if over is None else np.asarray(over, dtype=np.int64)
+        return chosen[measured[chosen]].tolist() or over
 
     @property
     def m(self) -> int:
@@ -187,24 +200,19 @@ class Engine:
         (μ and, for ALIE, σ with Bessel's correction: bookkeeping reads, not traffic)."""
         adversary = self.adversary
         adversary.calls += 1
-        byzantine = torch.as_tensor(adversary.byzantine[self.rows.start : self.rows.stop], device=X.device)
+        byzantine = adversary.mask(X.device)[self.rows.start : self.rows.stop]
         if adversary.cfg.attack == "gaussian":
             X[byzantine] = adversary._noise(X.shape[1], X)[self.rows.start : self.rows.stop][byzantine]
             return
-        ids = torch.arange(self.rows.start, self.rows.stop, device=X.device)
-        for start in range(0, self.n, size):
-            honest = [i for i in range(start, start + size) if not adversary.byzantine[i]]
-            if not honest:  # a block of Byzantine workers only: nobody to deceive, nothing to imitate
-                continue
-            mine = byzantine & (ids // size == start // size)
-            workers = torch.as_tensor(honest, device=X.device)
+        block_of = torch.arange(self.rows.start, self.rows.stop, device=X.device) // size
+        # a block of Byzantine workers only has nobody to deceive and nothing to imitate: left out
+        for block, workers in adversary.honest_blocks(size, X.device):
             mu = self._rows_mean(X, workers)
             sigma = None
             if adversary.cfg.attack == "alie":
-                spread = self._rows_mean((X - mu).square(), workers) * (len(honest) / max(len(honest) - 1, 1))
-                sigma = spread.sqrt()
-            if mine.any():
-                X[mine] = adversary.message(mu, sigma)
+                h = len(workers)
+                sigma = (self._rows_mean((X - mu).square(), workers) * (h / max(h - 1, 1))).sqrt()
+            X[byzantine & (block_of == block)] = adversary.message(mu, sigma)
 
     def recorded_allreduce(self, d: int) -> None:
         """An all-reduce of d values that ran outside the engine (DDP's, of the gradients), recorded
@@ -268,8 +276,9 @@ class Engine:
         everyone = self.living(self._everyone)
         self.comm.record(Transfer("allreduce", X.shape[1] * BYTES_PER_VALUE, METRICS, groups=everyone))
         measured = self._measured()
-        ids = None if measured is None else torch.as_tensor(np.flatnonzero(measured), device=X.device)
-        return self._rows_mean(X, ids)
+        if measured is not None and X.device not in self._measured_rows:
+            self._measured_rows[X.device] = torch.as_tensor(np.flatnonzero(measured), device=X.device)
+        return self._rows_mean(X, None if measured is None else self._measured_rows[X.device])
 
     def mean_scalar(self, values: torch.Tensor, over: Sequence[int] | None = None) -> float:
         """Mean over all n workers (or the workers ``over``, global indices) of a per-worker scalar
