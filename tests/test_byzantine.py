@@ -65,6 +65,19 @@ def test_krum_scores_and_choices_follow_blanchard_et_al():
                                rtol=0, atol=1e-15)
 
 
+def test_the_krum_key_is_the_f_multi_krum_assumes():
+    """byzantine.krum overrides the Byzantine count: with f = 0 multi-Krum averages all 5 messages,
+    with the default (1 Byzantine worker) the 4 lowest-scoring ones."""
+    points = torch.tensor([[0.0], [1.0], [3.0], [4.0], [50.0]], dtype=F64).unsqueeze(0)
+    members = torch.arange(5).unsqueeze(0)
+    default = _adversary(5, [4], aggregator="multi-krum")  # attack none: its message is left as it is
+    given = _adversary(5, [4], aggregator="multi-krum", krum=0)
+    torch.testing.assert_close(default.aggregate(points, members, "x", torch.zeros(1, dtype=torch.long)),
+                               torch.tensor([[2.0]], dtype=F64), rtol=0, atol=1e-15)
+    torch.testing.assert_close(given.aggregate(points, members, "x", torch.zeros(1, dtype=torch.long)),
+                               points.mean(1), rtol=0, atol=1e-14)
+
+
 def test_centered_clipping_clips_each_difference_and_converges_to_a_fixed_point():
     u = torch.tensor([3.0, 4.0], dtype=F64)
     torch.testing.assert_close(clip(u, 1.0), u / 5, rtol=0, atol=1e-15)

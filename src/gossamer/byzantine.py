@@ -43,7 +43,7 @@ group receives them all: priced as an all-gather, except ``mean``, which can be 
 - ``mean``; ``median``: coordinate-wise (the mean of the two middle values for even g);
 - ``trimmed-mean``: coordinate-wise, the b largest and b smallest dropped (b = ``trim``, default f);
 - ``krum`` / ``multi-krum`` (Blanchard et al. 2017; El Mhamdi et al. 2018): score_j = the sum of
-  the g − f − 2 smallest ‖m_j − m_k‖², k ≠ j (f = ``krum_f``, default the Byzantine count); krum
+  the g − f − 2 smallest ‖m_j − m_k‖², k ≠ j (f = ``krum``, default the Byzantine count); krum
   takes the lowest-scoring message, multi-krum the mean of the g − f lowest;
 - ``centered-clip`` (Karimireddy et al. 2021): L = ``clip_iterations`` times
   v ← v + (1/g) Σ_j CLIP(m_j − v, τ), CLIP(u, τ) = u·min(1, τ/‖u‖), τ = ``clip``; v starts from
@@ -100,7 +100,7 @@ class ByzantineConfig:
     clip: float | None = None  # τ of centered-clip and clipped-gossip
     clip_iterations: int = 1  # L: centered-clip's iterations per aggregation
     trim: int | None = None  # b: trimmed-mean's values dropped at each end (None: the Byzantine count)
-    krum_f: int | None = None  # the f krum and multi-krum assume (None: the Byzantine count)
+    krum: int | None = None  # f: the Byzantine count krum and multi-krum assume (None: the actual one)
     # also train the run without this section step for step, and report the honest workers' distance from its x̄
     clean_reference: bool = False
 
@@ -155,7 +155,7 @@ class ByzantineConfig:
             raise ConfigError(f"byzantine.aggregator {self.aggregator} needs an honest majority: {f} of {n} workers "
                               f"are Byzantine (f < n/2)")
         needs = {"clip": ("centered-clip", "clipped-gossip"), "clip_iterations": ("centered-clip",),
-                 "trim": ("trimmed-mean",), "krum_f": ("krum", "multi-krum")}
+                 "trim": ("trimmed-mean",), "krum": ("krum", "multi-krum")}
         for key, aggregators in needs.items():
             if getattr(self, key) != getattr(ByzantineConfig, key, None) and self.aggregator not in aggregators:
                 raise ConfigError(f"byzantine.{key} applies to the aggregator{'s' * (len(aggregators) > 1)} "
@@ -168,10 +168,10 @@ class ByzantineConfig:
         if self.trim is not None and not 0 <= self.trim < (n + 1) // 2:
             raise ConfigError(f"byzantine.trim must be in [0, {(n + 1) // 2}) (b values dropped at each end of n = "
                               f"{n}), got {self.trim}")
-        krum_f = f if self.krum_f is None else self.krum_f
-        if self.aggregator in needs["krum_f"] and not (0 <= krum_f and 2 * krum_f + 2 < group):
+        krum_f = f if self.krum is None else self.krum
+        if self.aggregator in needs["krum"] and not (0 <= krum_f and 2 * krum_f + 2 < group):
             raise ConfigError(f"byzantine.aggregator {self.aggregator} needs 2f + 2 < n (Blanchard et al.) in every "
-                              f"group it aggregates: f = {krum_f}{'' if self.krum_f is None else ' (krum_f)'}, "
+                              f"group it aggregates: f = {krum_f}{'' if self.krum is None else ' (byzantine.krum)'}, "
                               f"{'block_size' if group < n else 'n'} = {group}")
 
     def count(self, n: int) -> int:
@@ -397,7 +397,7 @@ class Adversary:
                 sent = self.crafted(M, ~byz).unsqueeze(1).expand_as(M)
             M = torch.where(byz.unsqueeze(-1), sent, M)
         rule, g = self.cfg.aggregator, M.shape[1]
-        f = self.f if self.cfg.krum_f is None else self.cfg.krum_f
+        f = self.f if self.cfg.krum is None else self.cfg.krum
         if rule == "median":
             return median(M)
         if rule == "trimmed-mean":
