@@ -1,6 +1,6 @@
 """Simulator benchmarks (docs/benchmarks.md): ratios measured side by side in one process.
 
-    python benchmarks/simulator.py [--quick] [--only 1,2,3,4,5,6,7] [--json FILE] [--threads T] [--device D]
+    python benchmarks/simulator.py [--quick] [--only 1,...,9] [--json FILE] [--threads T] [--device D]
 
 1. the simulator vs one process per worker (``gossamer train`` vs torchrun + ``engine=dist``),
    whole-process wall time including start-up (CPU processes, whatever ``--device``);
@@ -18,9 +18,13 @@
    ``eval_local: all`` and with ``eval_local: 16`` against an epoch's, and the resident memory;
 8. what a robust aggregator costs (the 1-D CNN, n = 16 and 64, 1/8 of the workers Byzantine):
    All-Reduce's step with each rule against the plain mean, gossip's on a ring with clipping
-   against plain gossip.
+   against plain gossip;
+9. the ceiling of batching K runs as one simulator of K·n rows (issue 31): one step of K·n workers
+   against K steps of n workers (the demo's 1-D CNN at n = 32, the character Transformer at n = 8;
+   gossip on a ring and local steps, K = 5 and 20). Batching saves at most the difference: a
+   ratio near 1 means a step's cost is proportional to its rows and stacking runs gains nothing.
 
-``--device cuda`` runs benchmarks 2-5 on the GPU (timings synchronise the device; memory is
+``--device cuda`` runs benchmarks 2-5 and 9 on the GPU (timings synchronise the device; memory is
 ``torch.cuda.max_memory_allocated``) and checks that a step whose metrics are not due makes no
 host synchronisation (``torch.cuda.set_sync_debug_mode("error")``).
 
@@ -287,6 +291,26 @@ def bench_byzantine(quick: bool) -> list[dict]:
     return rows
 
 
+BATCH_CASES = {"cnn1d": 32, "transformer": 8}  # model -> the n of one run (the demo's; the Transformer's)
+BATCH_ALGORITHMS = {"gossip, ring": ("algorithm=gossip", "topology=ring"), "local steps": NO_SYNC}
+
+
+def bench_batching(quick: bool) -> list[dict]:
+    """Benchmark 9: one step of K·n rows against K steps of n rows (interleaved medians)."""
+    rows = []
+    for name, n in BATCH_CASES.items():
+        for algorithm, keys in BATCH_ALGORITHMS.items():
+            one = sim_step(build(name, n, MODELS[name][1], algorithm=keys))
+            for K in (5,) if quick else (5, 20):
+                stacked = sim_step(build(name, K * n, MODELS[name][1], algorithm=keys))
+                seconds = _median_interleaved({"one": one, "stacked": stacked}, reps=3 if quick else 9, warmup=2)
+                rows.append({"model": name, "workers": n, "runs": K, "algorithm": algorithm,
+                             "one_ms": 1e3 * seconds["one"], "stacked_ms": 1e3 * seconds["stacked"],
+                             "ceiling": K * seconds["one"] / seconds["stacked"]})
+                _log(rows[-1])
+    return rows
+
+
 def bench_scale(quick: bool) -> list[dict]:
     """Benchmark 7: one epoch's steps against an evaluation of x̄ and the local models."""
     rows, test = [], 1000
@@ -492,6 +516,13 @@ def report(res: dict) -> str:
                       "algorithm with no byzantine section.", ["algorithm", "n", "rule", "step", "× plain"],
                       [[r["algorithm"], r["workers"], r["rule"], f"{r['step_ms']:.1f} ms", f"{r['vs_plain']:.2f}"]
                        for r in res["byzantine"]])
+    if "batching" in res:
+        out += _table("9. The ceiling of batched runs",
+                      "One step of K·n workers (one simulator) against K steps of n workers (K runs one after "
+                      "another): the most batching K runs could save in their steps. b = 16.",
+                      ["model", "n", "algorithm", "K", "one run's step", "K·n rows' step", "K × one / stacked"],
+                      [[r["model"], r["workers"], r["algorithm"], r["runs"], f"{r['one_ms']:.1f} ms",
+                        f"{r['stacked_ms']:.1f} ms", f"{r['ceiling']:.2f}×"] for r in res["batching"]])
     if "async" in res:
         out += _table("6. AD-PSGD's events against synchronous D-SGD",
                       "The 1-D CNN, b = 16, a ring; a step is n gradient evaluations in both. Target: AD-PSGD ≥ 0.5× "
@@ -506,11 +537,11 @@ def report(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/simulator.py", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller cases, fewer repetitions (~2 min)")
-    ap.add_argument("--only", default="1,2,3,4,5,6,7,8", help="comma-separated benchmark numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,8,9", help="comma-separated benchmark numbers")
     ap.add_argument("--json", type=Path, help="also save the raw figures here")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice). On a machine "
                     "whose cores other processes also use, 1 avoids OpenMP threads waiting on descheduled peers")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where benchmarks 2-5 run")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where benchmarks 2-5 and 9 run")
     ap.add_argument("--memory-probe", nargs=2, type=int, metavar=("N", "B"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     global DEVICE
@@ -541,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
         res["scale"] = bench_scale(a.quick)
     if 8 in only:
         res["byzantine"] = bench_byzantine(a.quick)
+    if 9 in only:
+        res["batching"] = bench_batching(a.quick)
     if 5 in only and _can_probe_memory():
         res["memory"] = bench_memory(a.quick)
     elif 5 in only:
