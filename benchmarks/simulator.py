@@ -302,7 +302,8 @@ def bench_batching(quick: bool) -> list[dict]:
         for algorithm, keys in BATCH_ALGORITHMS.items():
             one = sim_step(build(name, n, MODELS[name][1], algorithm=keys))
             for K in (5,) if quick else (5, 20):
-                stacked = sim_step(build(name, K * n, MODELS[name][1], algorithm=keys))
+                size = f"num_samples={2 * K * n * MODELS[name][1]}"  # the config's check of each worker's share
+                stacked = sim_step(build(name, K * n, MODELS[name][1], algorithm=(*keys, size)))
                 seconds = _median_interleaved({"one": one, "stacked": stacked}, reps=3 if quick else 9, warmup=2)
                 rows.append({"model": name, "workers": n, "runs": K, "algorithm": algorithm,
                              "one_ms": 1e3 * seconds["one"], "stacked_ms": 1e3 * seconds["stacked"],

@@ -63,7 +63,10 @@ class Codec(Protocol):
     """Encode rows of changes into messages, decode them, and say their size on the wire.
 
     ``round`` numbers the communication (the step); ``rows`` are the global worker indices of
-    the rows encoded: random codecs seed their draws with them, so that every engine draws alike."""
+    the rows encoded: random codecs seed their draws with them, so that every engine draws alike.
+    A codec whose receivers combine the all-gathered messages otherwise than by the mean of their
+    decodings also has ``aggregate(gathered, round)`` (SparseLoCo's: :mod:`gossamer.sparseloco`).
+    A codec registered ``shaped=True`` is built with the tensors' shapes too."""
 
     def nbytes(self) -> int: ...
 
@@ -389,12 +392,15 @@ def _quant(param, numels, dtype, seed, contractive) -> Quant:
 SPARSIFIERS = (TopK, RandomK)
 
 
-def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0, contractive: bool = False) -> Codec:
+def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0, contractive: bool = False,
+                shapes: list[tuple[int, ...]] | None = None) -> Codec:
     """The codec named by ``spec`` (without ``ef-``): a registered codec, or a chain ``S+V`` (a
-    sparsifier S whose kept values travel through V)."""
+    sparsifier S whose kept values travel through V). ``shapes``: the tensors' shapes, for a
+    ``shaped`` codec (default: each tensor a vector)."""
     first, chained, rest = spec.partition("+")
     entry, param = CODECS.parse(first)
-    codec = entry.build(param, numels, dtype, seed, contractive)
+    shaped = {"shapes": shapes or [(n,) for n in numels]} if entry.traits.get("shaped") else {}
+    codec = entry.build(param, numels, dtype, seed, contractive, **shaped)
     if chained:
         if not isinstance(codec, SPARSIFIERS):
             raise ConfigError(f"compression chain '{spec[:100]}' must start with top-k:F or random-k:F, got '{first[:50]}'")
@@ -423,16 +429,24 @@ class Compressor:
             self.residual = delta - self.codec.decode(messages, round)
         return messages
 
+    def combine(self, gathered, round: int) -> torch.Tensor:
+        """Per local row, its group's all-gathered messages combined: the codec's ``aggregate``
+        where it has one, else the mean of their decodings."""
+        aggregate = getattr(self.codec, "aggregate", None)
+        return aggregate(gathered, round) if aggregate else gathered.mean(lambda m: self.codec.decode(m, round))
+
 
 def build_compressor(spec: str, numels: list[int], like: torch.Tensor, seed: int = 0,
-                     contractive: bool = False, decay: float = 1.0) -> Compressor:
+                     contractive: bool = False, decay: float = 1.0,
+                     shapes: list[tuple[int, ...]] | None = None) -> Compressor:
     """The compressor named by ``spec`` (``none``, ``sign``, ``ef-top-k:0.01``, ...) for rows
-    shaped like ``like``; ``decay``: β of its error feedback. Error feedback always uses the
-    contractive form of a codec."""
+    shaped like ``like`` (tensors of ``numels``, ``shapes``); ``decay``: β of its error feedback.
+    Error feedback always uses the contractive form of a codec."""
     if spec == "none":
         return Compressor(Identity(numels))
     error_feedback = spec.startswith(ERROR_FEEDBACK)
-    codec = build_codec(spec.removeprefix(ERROR_FEEDBACK), numels, like.dtype, seed, contractive or error_feedback)
+    codec = build_codec(spec.removeprefix(ERROR_FEEDBACK), numels, like.dtype, seed, contractive or error_feedback,
+                        shapes)
     return Compressor(codec, torch.zeros_like(like) if error_feedback else None, decay)
 
 
@@ -456,3 +470,6 @@ def unpack_bits(packed: torch.Tensor, d: int) -> torch.Tensor:
     """uint8 [m, ⌈d/8⌉] → bool [m, d] (inverse of :func:`pack_bits`)."""
     bits = packed.unsqueeze(2).bitwise_and(_BIT_WEIGHTS.to(packed.device)).ne(0)
     return bits.view(packed.shape[0], -1)[:, :d]
+
+
+from . import sparseloco  # noqa: E402,F401  (registers SparseLoCo's codec, which builds on this module)

@@ -457,8 +457,9 @@ def low_communication(scale: str, quick: bool) -> Suite:
     its pseudo-gradients top-k 3 % + 2-bit with error feedback (SparseLoCo's codec), streaming
     DiLoCo (F = 4 fragments, τ = 5), NoLoCo (the outer step on the one-peer exponential graph),
     SPARTA (p = 0.005 of the coordinates averaged every step), DeMo (its sign step, defaults
-    s = 64, k = 32), SparseLoCo (the codec with its decayed error feedback, β = 0.9, and no outer
-    momentum), MuLoCo (DiLoCo with Muon inner steps), local AdamW averaging its moments every H and
+    s = 64, k = 32), SparseLoCo (Templar's codec, :mod:`gossamer.sparseloco`: the top 4 of each
+    block, about 3 % here, 2-bit values, with its decayed error feedback and Templar's hparams:
+    β = 0.95, outer lr 1, no outer momentum), MuLoCo (DiLoCo with Muon inner steps), local AdamW averaging its moments every H and
     DES-LOC (parameters every H, first moments every 2H, second every 5H). Each variant trains on each of LOWCOMM_NETWORKS — the same training (a fixed
     ``compute_ms``, measurement free), only the simulated time differs. CPU scale only: the
     papers' models (150 M–1 B parameters) are beyond this simulator's CPU budget."""
@@ -482,8 +483,8 @@ def low_communication(scale: str, quick: bool) -> Suite:
                (f"NoLoCo H={H} one-peer-exp", [*diloco, "outer_topology=one-peer-exponential"]),
                ("SPARTA p=0.005", ["algorithm=sparta", "sparta_fraction=0.005"]),
                ("DeMo", ["algorithm=decoupled-momentum", "optimizer=sgd", "momentum=0", "nesterov=false"]),
-               (f"SparseLoCo H={H} (ef_decay 0.9, outer momentum 0)",
-                [*diloco, "compression=ef-top-k:0.03+quant:2", "ef_decay=0.9", "outer_momentum=0"]),
+               (f"SparseLoCo H={H} (Templar's codec, top-4 a block; ef_decay 0.95, outer lr 1, no momentum)",
+                [*diloco, "compression=ef-sparseloco:4", "ef_decay=0.95", "outer_lr=1", "outer_momentum=0"]),
                (f"MuLoCo H={H} (Muon inner)", [*diloco, "optimizer=muon"]),
                (f"local AdamW H={H}, moments averaged", ["algorithm=local", f"local_steps={H}",
                                                           "average_optimizer_state=true"]),

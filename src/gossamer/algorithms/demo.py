@@ -2,13 +2,11 @@
 of each worker's momentum travel — as the authors' code does it (github.com/bloc97/DeMo,
 ``demo.py`` at 0e48145: ``DeMo.step``, ``TransformDCT``, ``CompressDCT``).
 
-**Blocks.** Each parameter tensor is a matrix A × B: a 2-D weight as it is, a 1-D one as 1 × d
-(the reference's 1-D chunks), a convolution kernel as out × (in·k…) (the reference takes only
-1-D and 2-D tensors; this is our rule). Each side is cut into blocks of the largest divisor at
-most s (``demo_chunk``; the reference's ``_get_smaller_split``): n₁ × n₂ blocks, each with its
-2-D orthonormal DCT-II, q = D₁ X D₂ᵀ. ``demo_topk`` k components of largest |q| are sent per
-block (all of a block with at most k, as the reference clamps): k of s² for the blocks of a large
-matrix, k of n₂ ≤ s for a vector's.
+**Blocks.** Each parameter tensor is cut into 2-D blocks as :mod:`gossamer.blocks` says, each
+side at most s (``demo_chunk``): n₁ × n₂ blocks, each with its 2-D orthonormal DCT-II,
+q = D₁ X D₂ᵀ. ``demo_topk`` k components of largest |q| are sent per block (all of a block with
+at most k, as the reference clamps): k of s² for the blocks of a large matrix, k of n₂ ≤ s for a
+vector's.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..blocks import Blocks
 from ..codecs import BYTES_PER_VALUE, as_bytes, from_bytes
 from ..registry import ConfigError, positive_ints
 from .schedule import ALGORITHMS, Context, Schedule, Step
@@ -30,38 +29,6 @@ def dct_matrix(s: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor
     D = math.sqrt(2 / s) * torch.cos(math.pi * (2 * j + 1) * k / (2 * s))
     D[0] /= math.sqrt(2)
     return D.to(dtype=dtype, device=device)
-
-
-def chunk_size(n: int, target: int) -> int:
-    """The largest divisor of n at most ``target``: a side's DCT block length."""
-    return max(s for s in range(1, min(n, target) + 1) if n % s == 0)
-
-
-def as_matrix(shape: tuple[int, ...]) -> tuple[int, int]:
-    """A tensor's A × B for the 2-D DCT: a matrix as it is, a vector as 1 × d, a kernel as
-    out × (the rest)."""
-    if len(shape) <= 1:
-        return 1, math.prod(shape)
-    return shape[0], math.prod(shape[1:])
-
-
-@dataclass(frozen=True)
-class Blocks:
-    """One tensor's DCT blocks: A × B cut into (A/n₁)·(B/n₂) blocks of n₁ × n₂, k kept per block."""
-
-    A: int
-    B: int
-    n1: int
-    n2: int
-    k: int
-
-    @property
-    def count(self) -> int:
-        return self.A // self.n1 * (self.B // self.n2)
-
-    def split(self, rows: torch.Tensor) -> torch.Tensor:
-        """Rows [m, A·B] → their blocks [m, A/n₁, n₁, B/n₂, n₂] (a view)."""
-        return rows.view(rows.shape[0], self.A // self.n1, self.n1, self.B // self.n2, self.n2)
 
 
 @dataclass
@@ -169,13 +136,9 @@ class DecoupledMomentumOptions:
 
 
 def demo_blocks(shapes: list[tuple[int, ...]], chunk: int, topk: int) -> list[Blocks]:
-    """Each tensor's blocks (module docstring) and the k kept per block."""
-    blocks = []
-    for shape in shapes:
-        A, B = as_matrix(shape)
-        n1, n2 = chunk_size(A, chunk), chunk_size(B, chunk)
-        blocks.append(Blocks(A, B, n1, n2, min(topk, n1 * n2)))
-    return blocks
+    """Each tensor's blocks (:mod:`gossamer.blocks`) and the k kept per block (all of a smaller block)."""
+    blocks = [Blocks.of(shape, chunk, topk) for shape in shapes]
+    return [Blocks(b.A, b.B, b.n1, b.n2, min(topk, b.size)) for b in blocks]
 
 
 @ALGORITHMS.register("decoupled-momentum", options=DecoupledMomentumOptions, example=("demo_chunk=8", "demo_topk=2"),

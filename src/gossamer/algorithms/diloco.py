@@ -139,7 +139,7 @@ class DiLoCo(Schedule):
             if self.compressors is not None:
                 codec = self.compressors[j]
                 messages = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows))
-                gradient = messages.mean(lambda m: codec.codec.decode(m, t))
+                gradient = codec.combine(messages, t)
             elif engine.adversary is not None:  # the outer gradients travel, for the robust rule
                 gradient = outer - X[:, cols]
                 engine.allreduce_mean_(gradient, f"outer-gradient/{j}")
@@ -234,9 +234,10 @@ def _diloco(cfg, ctx: Context) -> DiLoCo:
     fragments = fragment_columns(ctx.numels, cfg.fragments)
     outers = [ctx.outer_optimizer(cols) if ctx.outer_optimizer else OuterSGD(cfg.outer_lr, cfg.outer_momentum)
               for cols in fragments]
+    shapes = ctx.shapes or [(n,) for n in ctx.numels]
     compressors = None if cfg.compression == "none" else \
         [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed,
-                          decay=cfg.ef_decay) for cols in fragments]
+                          decay=cfg.ef_decay, shapes=shapes[_tensors(ctx.numels, cols)]) for cols in fragments]
     topology = None if cfg.outer_topology == "none" else build_topology(cfg.outer_topology, cfg.workers, cfg.seed)
     if topology is not None and not topology.doubly_stochastic:  # x̄ would drift
         raise ConfigError(f"outer_topology '{cfg.outer_topology[:100]}' is only column stochastic: NoLoCo needs a "

@@ -45,13 +45,15 @@ class ModelSync:
     seed: int = 0  # of random codecs' draws
     levels: tuple[str, ...] = ("global",)
     like: torch.Tensor | None = None  # rows shaped like the parameters (to build the compressors)
+    shapes: list[tuple[int, ...]] | None = None  # the parameter tensors' shapes (for a shaped codec)
     robust: bool = False  # Byzantine workers: the updates Δ_i aggregated by the engine's robust rule
     ref: dict[str, torch.Tensor] = field(default_factory=dict)
     compressors: dict[str, Compressor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.compression != "none":
-            self.compressors = {level: build_compressor(self.compression, self.numels, self.like, self.seed)
+            self.compressors = {level: build_compressor(self.compression, self.numels, self.like, self.seed,
+                                                        shapes=self.shapes)
                                 for level in self.levels}
 
     @property
@@ -81,7 +83,7 @@ class ModelSync:
         else:
             compressor = self.compressors[level]
             messages = engine.all_gather(compressor.compress(X - self.ref[level], round, engine.rows), block_size)
-            update = messages.mean(lambda m: compressor.codec.decode(m, round))
+            update = compressor.combine(messages, round)
         X.copy_(self.ref[level].add_(update))
         if level == "global":
             for name, ref in self.ref.items():
@@ -256,7 +258,7 @@ def switch_step(cfg, steps_per_epoch: int) -> int:
 def _local_sgd(cfg, ctx: Context, block_size: int | None = None, block_rounds: int = 1) -> LocalSGD:
     levels = ("global", "block") if block_size else ("global",)
     sync = ModelSync(cfg.compression, ctx.numels, shared_rows(cfg, ctx), cfg.seed, levels, ctx.X,
-                     robust=byzantine_active(cfg))
+                     robust=byzantine_active(cfg), shapes=ctx.shapes or None)
     return LocalSGD(cfg.local_steps, sync, block_size, block_rounds)
 
 

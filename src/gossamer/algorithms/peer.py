@@ -185,7 +185,8 @@ def _peer_graph(cfg, ctx: Context, directed: bool = False) -> Topology:
                      help="CHOCO-SGD: compressed gossip of x − x̂ with public copies x̂, consensus step γ (Koloskova et al.)")
 def _choco(cfg, ctx: Context) -> ChocoSGD:
     topology = _peer_graph(cfg, ctx)
-    compressor = build_compressor(cfg.compression, ctx.numels, ctx.X, cfg.seed, contractive=True)
+    compressor = build_compressor(cfg.compression, ctx.numels, ctx.X, cfg.seed, contractive=True,
+                                  shapes=ctx.shapes or None)
     copies = ctx.X.unsqueeze(1).repeat(1, topology.union.index.shape[0], 1)
     return ChocoSGD(topology, cfg.choco_gamma, compressor, copies)
 

@@ -63,11 +63,13 @@ class Gathered:
     messages: torch.Tensor
     row_group: torch.Tensor
 
+    def per_group(self, combine) -> torch.Tensor:
+        """Per local row, its group's messages combined: ``combine`` [g, size, B] → [g, d]; [m, d]."""
+        return combine(self.messages)[self.row_group]
+
     def mean(self, decode) -> torch.Tensor:
         """Per local row, the mean over its group of the decoded messages: [m, d]."""
-        g, size, _ = self.messages.shape
-        decoded = decode(self.messages.flatten(0, 1))
-        return decoded.view(g, size, -1).mean(1)[self.row_group]
+        return self.per_group(lambda M: decode(M.flatten(0, 1)).view(M.shape[0], M.shape[1], -1).mean(1))
 
 
 class Engine:

@@ -100,7 +100,8 @@ class Synchronizer:
         self.optimizer_rows: dict[str, torch.Tensor] = {}  # per-parameter optimizer state as rows, once it exists
         self._optimizer_row_list: list[torch.Tensor] = []  # the schedule's optimizer_rows, filled at step 1
         context = Context(self.X, [s.numel for s in self.slots], self._optimizer_row_list, steps_per_epoch=1,
-                          reference=reference, buffer_rows=buffer_rows, **self._context())
+                          reference=reference, buffer_rows=buffer_rows, shapes=[tuple(s.shape) for s in self.slots],
+                          **self._context())
         self.schedule = build_schedule(self.cfg, context)  # every local check before the first collective
         self._owns_engine = engine is None
         self.engine = engine or DistEngine(n, dist_backend, dist_timeout, named[0][1].device, group=group)
