@@ -195,24 +195,59 @@ def test_low_communication_has_no_paper_scale(capsys):
 
 
 def test_a_run_that_diverges_stops_alone_and_the_tables_say_so(tmp_path):
-    """One variant's run diverges (its learning rate made huge): the suite goes on, its directory
-    holds DIVERGED with the message, the tables count it and the paired differences skip it."""
-    from dataclasses import replace
-
-    from gossamer.cli import run_training
+    """One variant's run diverges (its learning rate made huge) in a worker process (--jobs 2): the
+    suite goes on, its directory holds DIVERGED with the message, the tables count it and the
+    paired differences skip it."""
     from gossamer.repro import DIVERGED, run_suite
 
-    victim = "ring, gossip, dissensus f=1/4"
-
-    def train_run(cfg, out):
-        run_training(replace(cfg, lr=1e6) if out.name.startswith(_slug(victim)) else cfg, out, overwrite=True,
-                     progress=False)
     logged = []
-    results = run_suite("byzantine", tmp_path, 1, True, train_run, log=logged.append).read_text()
-    assert "training diverged" in (tmp_path / f"{_slug(victim)}-seed0" / DIVERGED).read_text()
+    results = run_suite("byzantine", tmp_path, 1, True, train_or_diverge, log=logged.append, jobs=2).read_text()
+    assert "training diverged" in (tmp_path / f"{_slug(VICTIM)}-seed0" / DIVERGED).read_text()
     assert any("diverged" in line for line in logged)
     assert "(1/1 diverged)" in results
-    assert f"| {victim} | ring, gossip, no attack | diverged | — | — |" in results
+    assert f"| {VICTIM} | ring, gossip, no attack | diverged | — | — |" in results
+
+
+VICTIM = "ring, gossip, dissensus f=1/4"  # the byzantine suite's run made to diverge
+
+
+def train_or_diverge(cfg, out):
+    """A suite's run as the CLI trains it, but VICTIM's at a rate that diverges (module level:
+    worker processes import it)."""
+    from dataclasses import replace
+
+    from gossamer.cli import train_suite_run
+
+    train_suite_run(replace(cfg, lr=1e6) if out.name.startswith(_slug(VICTIM)) else cfg, out)
+
+
+def test_runs_trained_in_worker_processes_are_the_runs_trained_one_by_one(tmp_path):
+    """consensus-phases (a reference run that the controlled variants follow, so trained first)
+    with --jobs 2 gives every run's summary of the sequential suite and the same results.md (one
+    torch thread in both: a run's float32 sums depend on the thread count)."""
+    import torch
+
+    from gossamer.repro import run_suite
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        results = [run_suite("consensus-phases", tmp_path / f"jobs{jobs}", 1, True, train_or_diverge,
+                             jobs=jobs).read_text() for jobs in (1, 2)]
+    finally:
+        torch.set_num_threads(threads)
+    runs = sorted(r.name for r in (tmp_path / "jobs1").iterdir() if r.is_dir())
+    assert len(runs) == 16 and runs == sorted(r.name for r in (tmp_path / "jobs2").iterdir() if r.is_dir())
+    for run in runs:
+        a, b = ({k: v for k, v in read_summary(tmp_path / f"jobs{jobs}" / run).items() if k != "wall_seconds"}
+                for jobs in (1, 2))
+        assert a == b, run
+    assert results[0] == results[1]
+
+
+def test_jobs_must_be_positive(capsys):
+    assert main(["repro", "ring-scaling", "--quick", "--jobs", "0"]) == 2
+    assert "--jobs must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_bootstrap_intervals_of_the_rank_correlations_resample_the_seeds():

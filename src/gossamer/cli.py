@@ -404,6 +404,11 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def train_suite_run(cfg, run_out: Path) -> None:
+    """Train one run of a suite into its directory (a module-level function: worker processes import it)."""
+    run_training(cfg, run_out, overwrite=True, progress=False)
+
+
 def cmd_repro(args) -> int:
     """A paper experiment suite: every variant × seed, then results.md and its plots."""
     if args.seeds < 1:
@@ -414,13 +419,14 @@ def cmd_repro(args) -> int:
         keys = " and ".join(t.partition("=")[0] for t in args.tune)
         raise ConfigError(f"--tune is given {len(args.tune)} times ({short(keys)}): one key is tuned at a time; tune "
                           f"one, then give the value chosen with --set")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be a positive integer, got {args.jobs}")
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
     if out.is_dir() and any(out.iterdir()) and not args.overwrite and not args.dry_run:
         raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
-    results = run_suite(args.suite, out, args.seeds, args.quick,
-                        lambda cfg, run_out: run_training(cfg, run_out, overwrite=True, progress=False),
-                        overrides=args.set, scale=args.scale, dry_run=args.dry_run, first_seed=args.first_seed,
-                        tune_grid=args.tune[0] if args.tune else None)
+    results = run_suite(args.suite, out, args.seeds, args.quick, train_suite_run, overrides=args.set,
+                        scale=args.scale, dry_run=args.dry_run, first_seed=args.first_seed,
+                        tune_grid=args.tune[0] if args.tune else None, jobs=args.jobs)
     if results is None:
         return 0
     print(results.read_text())
@@ -532,6 +538,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="change the suite's base config for every variant (e.g. lr=0.005)")
     r.add_argument("--overwrite", action="store_true", help="reuse a non-empty --out")
+    r.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help="train the runs in J worker processes, the cores shared out among them (default 1: one "
+                        "after another in this process)")
     r.set_defaults(func=cmd_repro)
     return p
 

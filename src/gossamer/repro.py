@@ -674,29 +674,29 @@ def tuning_overrides(suite: Suite, v: Variant, key: str, value) -> list[str]:
     return [f"{key}={value}", f"validation_fraction={fraction or TUNE_VALIDATION}", "eval_local=none"]
 
 
-def tune(suite: Suite, key: str, grid: list, seeds: range, out: Path, train_run: Callable, log=print
-         ) -> dict[str, Tuned]:
+def tune(suite: Suite, key: str, grid: list, seeds: range, out: Path, train_run: Callable, log=print,
+         jobs: int = 1) -> dict[str, Tuned]:
     """Train every baseline of ``suite`` at each ``key`` of ``grid`` for each seed into ``out`` and
     choose, per baseline, the value of the best mean over the seeds of x̄'s validation metric
     (val_accuracy, highest; val_loss for a language model, lowest); a value with a diverged seed
-    is never chosen. Only val_* metrics are read: test metrics choose nothing."""
-    from .train import Diverged
-
+    is never chosen. Only val_* metrics are read: test metrics choose nothing. ``jobs``: as
+    :func:`train_all`."""
+    baselines = [v for v in suite.variants if v.baseline is None]
+    runs = {(v.name, i, seed): out / f"{_slug(v.name)}-{_slug(key)}{value}-seed{seed}"
+            for v in baselines for i, value in enumerate(grid) for seed in seeds}
+    train_all([Job(f"[tune] seed {seed}: {v.name}, {key}={value}",
+                   suite.config(v, seed, extra=tuning_overrides(suite, v, key, value)), runs[v.name, i, seed])
+               for v in baselines for i, value in enumerate(grid) for seed in seeds], train_run, log, jobs)
     tuned = {}
-    for v in (v for v in suite.variants if v.baseline is None):
+    for v in baselines:
         scores, metric = [], None
-        for value in grid:
+        for i in range(len(grid)):
             scores.append([])
             for seed in seeds:
-                run = out / f"{_slug(v.name)}-{_slug(key)}{value}-seed{seed}"
-                log(f"[tune] seed {seed}: {v.name}, {key}={value}")
-                try:
-                    train_run(suite.config(v, seed, extra=tuning_overrides(suite, v, key, value)), run)
-                except Diverged as e:
-                    log(f"[tune] {v.name}, {key}={value}, seed {seed} diverged: {e}")
+                if (runs[v.name, i, seed] / DIVERGED).is_file():
                     scores[-1].append(None)
                     continue
-                summary = read_summary(run)
+                summary = read_summary(runs[v.name, i, seed])
                 metric = "val_accuracy" if "val_accuracy" in summary else "val_loss"
                 scores[-1].append(summary[metric])
         sign = 1 if metric == "val_accuracy" else -1
@@ -709,6 +709,64 @@ def tune(suite: Suite, key: str, grid: list, seeds: range, out: Path, train_run:
             log(f"[tune] {v.name}: {key}={grid[best]} is the grid's {edge} value; the best may lie beyond it: "
                 f"widen the grid and re-run")
     return tuned
+
+
+@dataclass
+class Job:
+    """One training run of a suite: what the log calls it, its config and its directory."""
+
+    label: str
+    cfg: Config
+    out: Path
+
+
+def train_all(jobs: list[Job], train_run: Callable, log=print, processes: int = 1, threads: int | None = None
+              ) -> None:
+    """Train every job with ``train_run(cfg, out)``: one after another, or in ``processes`` worker
+    processes (spawned, each with ``threads`` torch threads: by default the cores shared out,
+    ⌊cores / processes⌋, at least 1; ``train_run`` must then be a module-level function, and the
+    plugins loaded here are loaded there). The runs are independent, so the order does not change
+    them; a run's float32 numbers can depend on its thread count (reduction order). A run that
+    diverges stops alone: its directory gets a DIVERGED file with the message."""
+    def finished(job: Job, error: str | None) -> None:
+        if error is not None:
+            (job.out / DIVERGED).write_text(f"{error}\n")
+            log(f"{job.label}: {error}")
+
+    if processes == 1:
+        for job in jobs:
+            log(job.label)
+            finished(job, _train_job(train_run, job.cfg, job.out))
+        return
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    from . import plugins
+    threads = threads or max(1, (os.cpu_count() or 1) // processes)
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                                initializer=_worker_start, initargs=(threads, plugins.loaded())) as pool:
+        running = {pool.submit(_train_job, train_run, job.cfg, job.out): job for job in jobs}
+        for done in concurrent.futures.as_completed(running):
+            log(f"{running[done].label} (done)")
+            finished(running[done], done.result())
+
+
+def _worker_start(threads: int, loaded: list[str]) -> None:
+    """A suite's worker process: its torch threads, and the plugins the parent had loaded."""
+    from . import plugins
+    torch.set_num_threads(threads)
+    plugins.load(loaded)
+    plugins.load_installed()
+
+
+def _train_job(train_run: Callable, cfg: Config, out: Path) -> str | None:
+    """Train one run; the message of its divergence, or None."""
+    try:
+        train_run(cfg, out)
+    except Diverged as e:
+        return str(e)
+    return None
 
 
 def grid_edge(grid: list, value) -> str | None:
@@ -772,7 +830,7 @@ def _paired_section(suite: Suite, out: Path, seeds: range) -> str:
 
 def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable, log=print,
               overrides: list[str] = (), scale: str = "cpu", dry_run: bool = False, first_seed: int = 0,
-              tune_grid: str | None = None) -> Path | None:
+              tune_grid: str | None = None, jobs: int = 1) -> Path | None:
     """Run every variant for seeds ``first_seed`` … ``first_seed + seeds − 1`` into ``out``; write
     results.md (mean ± 95 % Student t interval over the seeds; each variant's paired difference
     with its baseline) and the suite's plots.
@@ -780,7 +838,9 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     ``overrides`` (``KEY=VALUE``) change the suite's base config for every variant. ``tune_grid``
     (``KEY=[V1,...]``): first :func:`tune` the baselines on a validation split (runs in
     ``out/tune``), then run every variant at its baseline's chosen value. Every config is checked
-    and the estimated work printed before anything trains; ``dry_run`` stops there."""
+    and the estimated work printed before anything trains; ``dry_run`` stops there. ``jobs``: the
+    worker processes the runs are trained in (:func:`train_all`; a suite with a reference run trains
+    those first)."""
     suite = build_suite(name, scale, quick)
     suite.base += list(overrides)
     key, grid = parse_tune(tune_grid) if tune_grid else (None, [])
@@ -800,19 +860,18 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
         f"{seeds} seed(s): {estimate_work(planned, seeds)}")
     if dry_run:
         return None
-    tuned = tune(suite, key, grid, run_seeds, out / "tune", train_run, log) if key else {}
+    tuned = tune(suite, key, grid, run_seeds, out / "tune", train_run, log, jobs) if key else {}
     extra = {v.name: [f"{key}={tuned[v.baseline or v.name].value}"] if key else [] for v in suite.variants}
     configs = {v.name: suite.config(v, run_seeds[0], extra=extra[v.name]) for v in suite.variants}
-    for seed in run_seeds:
-        for v in suite.variants:
-            ref = out / f"{_slug(suite.reference)}-seed{seed}" if suite.reference else ""
-            log(f"[{name}] seed {seed}: {v.name}")
-            run = out / f"{_slug(v.name)}-seed{seed}"
-            try:
-                train_run(suite.config(v, seed, str(ref), extra[v.name]), run)
-            except Diverged as e:  # the run stops alone; its directory says so, the suite goes on
-                (run / DIVERGED).write_text(f"{e}\n")
-                log(f"[{name}] seed {seed}: {v.name}: {e}")
+
+    def job(v: Variant, seed: int) -> Job:
+        ref = str(out / f"{_slug(suite.reference)}-seed{seed}") if suite.reference else ""
+        return Job(f"[{name}] seed {seed}: {v.name}", suite.config(v, seed, ref, extra[v.name]),
+                   out / f"{_slug(v.name)}-seed{seed}")
+    # the reference runs first: the controlled variants read their Ξ_t² trajectory
+    for wave in (True, False):
+        train_all([job(v, seed) for seed in run_seeds for v in suite.variants if (v.name == suite.reference) == wave],
+                  train_run, log, jobs)
     command = (f"gossamer repro {name} --seeds {seeds}{f' --first-seed {first_seed}' if first_seed else ''}"
                f"{' --scale paper' if scale == 'paper' else ''}{' --quick' if quick else ''}"
                f"{''.join(' --set ' + o for o in overrides)}{f' --tune {tune_grid}' if tune_grid else ''}")
