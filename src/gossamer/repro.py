@@ -483,7 +483,7 @@ def low_communication(scale: str, quick: bool) -> Suite:
                (f"NoLoCo H={H} one-peer-exp", [*diloco, "outer_topology=one-peer-exponential"]),
                ("SPARTA p=0.005", ["algorithm=sparta", "sparta_fraction=0.005"]),
                ("DeMo", ["algorithm=decoupled-momentum", "optimizer=sgd", "momentum=0", "nesterov=false"]),
-               (f"SparseLoCo H={H} (Templar's codec, top-4 a block; ef_decay 0.95, outer lr 1, no momentum)",
+               (f"SparseLoCo H={H} (Templar codec, top-4 a block, ef_decay 0.95, outer lr 1, no momentum)",
                 [*diloco, "compression=ef-sparseloco:4", "ef_decay=0.95", "outer_lr=1", "outer_momentum=0"]),
                (f"MuLoCo H={H} (Muon inner)", [*diloco, "optimizer=muon"]),
                (f"local AdamW H={H}, moments averaged", ["algorithm=local", f"local_steps={H}",
