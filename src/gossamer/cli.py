@@ -259,6 +259,8 @@ def _resume_lock(resume: Path | None) -> RunLock | None:
 
 
 def cmd_train(args) -> int:
+    if args.seeds is not None or args.first_seed is not None or args.sweep or args.jobs != 1:
+        return _train_many(args)
     resume = _resume_dir(args)
     lock = _resume_lock(resume)
     try:
@@ -282,6 +284,56 @@ def cmd_train(args) -> int:
     shown = [k for k in summary if k.startswith("test_")] + ["final_consensus_distance_sq", "comm_rounds"]
     print(json.dumps({k: summary[k] for k in shown}))
     print(f"run written to {out}")
+    return 0
+
+
+def _train_many(args) -> int:
+    """``gossamer train --seeds K [--first-seed S] [--sweep KEY=[V,...]] [--jobs J]``: every seed ×
+    every combination of the swept values, each its own run in ``--out``/``seed-S[-KEY-V...]``, the
+    run ``gossamer train --set seed=S --set KEY=V`` writes; trained in J worker processes."""
+    from itertools import product
+
+    from .repro import Job, _slug, parse_grid, train_all
+
+    if args.resume or args.resume_if_exists:
+        raise ConfigError("--seeds, --sweep and --jobs train new runs; resume each run directory on its own "
+                          "(gossamer train --resume DIR)")
+    seeds = 1 if args.seeds is None else args.seeds
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be a positive integer, got {seeds}")
+    if args.jobs < 1:
+        raise ConfigError(f"--jobs must be a positive integer, got {args.jobs}")
+    grids = [parse_grid(text, "--sweep") for text in args.sweep]
+    keys = [key for key, _ in grids]
+    given = {o.partition("=")[0].strip() for o in args.set}
+    for key in keys:
+        clash = ("swept twice" if keys.count(key) > 1 else "what --seeds and --first-seed set" if key == "seed"
+                 else "also given with --set" if key in given else None)
+        if clash:
+            raise ConfigError(f"--sweep {key}: {key} is {clash}; give it once")
+    base = load_config(args.config, args.set, plugin=args.plugin)
+    if base.engine == "dist":
+        raise ConfigError("--seeds, --sweep and --jobs run on the simulator (engine sim); under torchrun launch each "
+                          "run on its own")
+    first = base.seed if args.first_seed is None else args.first_seed
+    out = Path(args.out or _default_out(f"{base.algorithm}-n{base.workers}-runs"))
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
+        raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
+    jobs = []
+    for seed in range(first, first + seeds):
+        for values in product(*(grid for _, grid in grids)):
+            chosen = [f"{key}={value}" for key, value in zip(keys, values)]
+            name = "-".join([f"seed-{seed}", *(f"{_slug(k)}-{_slug(str(v))}" for k, v in zip(keys, values))])
+            jobs.append(Job(f"training {name}", load_config(args.config, [*args.set, f"seed={seed}", *chosen],
+                                                              plugin=args.plugin), out / name))
+    print(f"{len(jobs)} runs into {out}{f' in {args.jobs} processes' if args.jobs > 1 else ''}", file=sys.stderr)
+    train_all(jobs, train_suite_run, lambda line: print(line, file=sys.stderr), args.jobs)
+    finished = {job.out.name: read_summary(job.out) for job in jobs if (job.out / "summary.json").is_file()}
+    print(comparison_table(finished))
+    diverged = [job.out.name for job in jobs if job.out.name not in finished]
+    if diverged:
+        print(f"diverged (no summary): {', '.join(diverged)}")
+    print(f"runs written to {out}")
     return 0
 
 
@@ -473,6 +525,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="import a Python file or module that registers algorithms, codecs, topologies, optimizers, "
                         "models or data sets (repeatable; recorded in config.yaml; docs/extending.md)")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--seeds", type=int, metavar="K",
+                   help="train K runs, seeds S ... S+K-1 (S: --first-seed, else the config's seed), each in "
+                        "OUT/seed-S (with --sweep: OUT/seed-S-KEY-V...)")
+    t.add_argument("--first-seed", type=int, metavar="S", help="the first seed of --seeds")
+    t.add_argument("--sweep", action="append", default=[], metavar="KEY=[V1,...]",
+                   help="also train every value of KEY (repeatable: every combination), for every seed")
+    t.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help="train --seeds/--sweep runs in J worker processes, the cores shared out (default 1)")
     t.set_defaults(func=cmd_train)
 
     k = sub.add_parser("check-plugin", help="run gossamer's conformance checks on every entry a plugin registers "

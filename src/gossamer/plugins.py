@@ -107,11 +107,6 @@ def load(specs: list[str]) -> list[str]:
     return records
 
 
-def loaded() -> list[str]:
-    """The plugins imported in this process, by source (to import the same in another)."""
-    return list(_loaded)
-
-
 def registered(record: str) -> list[tuple[str, str]]:
     """The (kind, name) of every entry that the import of a loaded plugin (its record) registered."""
     return list(_added[record.partition(HASH)[0]])

@@ -640,16 +640,16 @@ def build_suite(name: str, scale: str = "cpu", quick: bool = False) -> Suite:
 TUNE_VALIDATION = 0.1  # the validation split of the tuning runs where the base config holds out none
 
 
-def parse_tune(text: str) -> tuple[str, list]:
-    """``--tune KEY=[V1,V2,...]``: the key and its grid of at least two distinct scalar values."""
+def parse_grid(text: str, option: str = "--tune") -> tuple[str, list]:
+    """``KEY=[V1,V2,...]`` (``--tune``, ``--sweep``): the key and its grid of at least two distinct scalar values."""
     key, sep, raw = text.partition("=")
     try:
-        grid = parse_yaml(raw, "--tune") if sep else None
+        grid = parse_yaml(raw, option) if sep else None
     except ConfigError:
         grid = None
     if (not key.strip() or not isinstance(grid, list) or len({str(g) for g in grid}) != len(grid) or len(grid) < 2
             or not all(isinstance(g, (int, float, str)) for g in grid)):
-        raise ConfigError(f"--tune expects KEY=[V1,V2,...] with at least two distinct values, got '{short(text)}'")
+        raise ConfigError(f"{option} expects KEY=[V1,V2,...] with at least two distinct values, got '{short(text)}'")
     return key.strip(), grid
 
 
@@ -725,11 +725,12 @@ def train_all(jobs: list[Job], train_run: Callable, log=print, processes: int = 
     """Train every job with ``train_run(cfg, out)``: one after another, or in ``processes`` worker
     processes (spawned, each with ``threads`` torch threads: by default the cores shared out,
     ⌊cores / processes⌋, at least 1; ``train_run`` must then be a module-level function, and the
-    plugins loaded here are loaded there). The runs are independent, so the order does not change
+    plugins the configs record are loaded there first). The runs are independent, so the order does not change
     them; a run's float32 numbers can depend on its thread count (reduction order). A run that
     diverges stops alone: its directory gets a DIVERGED file with the message."""
     def finished(job: Job, error: str | None) -> None:
         if error is not None:
+            job.out.mkdir(parents=True, exist_ok=True)
             (job.out / DIVERGED).write_text(f"{error}\n")
             log(f"{job.label}: {error}")
 
@@ -742,21 +743,22 @@ def train_all(jobs: list[Job], train_run: Callable, log=print, processes: int = 
     import multiprocessing
     import os
 
-    from . import plugins
     threads = threads or max(1, (os.cpu_count() or 1) // processes)
+    used = sorted({record for job in jobs for record in job.cfg.plugins or []})
     with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_worker_start, initargs=(threads, plugins.loaded())) as pool:
+                                                initializer=_worker_start, initargs=(threads, used)) as pool:
         running = {pool.submit(_train_job, train_run, job.cfg, job.out): job for job in jobs}
         for done in concurrent.futures.as_completed(running):
             log(f"{running[done].label} (done)")
             finished(running[done], done.result())
 
 
-def _worker_start(threads: int, loaded: list[str]) -> None:
-    """A suite's worker process: its torch threads, and the plugins the parent had loaded."""
+def _worker_start(threads: int, records: list[str]) -> None:
+    """A suite's worker process: its torch threads, and the plugins its configs record (before a
+    config that names their entries is unpickled)."""
     from . import plugins
     torch.set_num_threads(threads)
-    plugins.load(loaded)
+    plugins.load(records)
     plugins.load_installed()
 
 
@@ -843,7 +845,7 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     those first)."""
     suite = build_suite(name, scale, quick)
     suite.base += list(overrides)
-    key, grid = parse_tune(tune_grid) if tune_grid else (None, [])
+    key, grid = parse_grid(tune_grid) if tune_grid else (None, [])
     if key is not None and any(o.partition("=")[0].strip() == key for o in overrides):
         raise ConfigError(f"--tune {key} and --set {key} both set {key}: give one")
     run_seeds = range(first_seed, first_seed + seeds)

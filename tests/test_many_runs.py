@@ -1,0 +1,83 @@
+"""``gossamer train --seeds K --sweep KEY=[...] --jobs J``: every seed × swept value is the run that
+``gossamer train --set seed=S --set KEY=V`` writes, in worker processes as in this one; bad
+combinations are one line with exit 2."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cases import SHORT
+from gossamer.cli import main
+from gossamer.report import load_checkpoint, read_summary
+
+BASE = [o for o in SHORT if not o.startswith("lr=")]  # lr is swept
+
+
+def settings(*overrides):
+    return [arg for o in (*BASE, *overrides) for arg in ("--set", o)]
+
+
+def without_wall(summary):
+    return {k: v for k, v in summary.items() if k != "wall_seconds"}
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_each_seed_and_swept_value_is_its_standalone_run(tmp_path, capsys, jobs):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the worker processes' count: float64 sums can depend on it
+    try:
+        assert main(["train", *settings(), "--seeds", "2", "--first-seed", "3", "--sweep", "lr=[0.05,0.1]",
+                     "--jobs", str(jobs), "--out", str(tmp_path / "many"), "--quiet"]) == 0
+        assert main(["train", *settings("seed=4", "lr=0.1"), "--out", str(tmp_path / "one"), "--quiet"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    runs = sorted(p.name for p in (tmp_path / "many").iterdir())
+    assert runs == ["seed-3-lr-0.05", "seed-3-lr-0.1", "seed-4-lr-0.05", "seed-4-lr-0.1"]
+    alone, batch = tmp_path / "one", tmp_path / "many" / "seed-4-lr-0.1"
+    assert without_wall(read_summary(batch)) == without_wall(read_summary(alone))
+    assert torch.equal(load_checkpoint(batch)["rows"]["X"], load_checkpoint(alone)["rows"]["X"])
+    assert (batch / "config.yaml").read_text() == (alone / "config.yaml").read_text()
+    table = capsys.readouterr().out
+    assert all(f"| {run} |" in table for run in runs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--seeds", "0"], "--seeds must be a positive integer, got 0"),
+    (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
+    (["--sweep", "lr=[0.1]"], "--sweep expects KEY=[V1,V2,...] with at least two distinct values"),
+    (["--sweep", "lr=[0.1,0.2]", "--sweep", "lr=[0.3,0.4]"], "--sweep lr: lr is swept twice"),
+    (["--sweep", "lr=[0.1,0.2]", "--set", "lr=0.3"], "--sweep lr: lr is also given with --set"),
+    (["--sweep", "seed=[1,2]"], "--sweep seed: seed is what --seeds and --first-seed set"),
+    (["--seeds", "2", "--resume", "runs/x"], "--seeds, --sweep and --jobs train new runs"),
+    (["--seeds", "2", "--set", "engine=dist"], "run on the simulator"),
+    (["--sweep", "colour=[1,2]"], "colour"),
+])
+def test_bad_many_run_options_are_one_line(args, message, tmp_path, capsys):
+    assert main(["train", *settings(), "--out", str(tmp_path / "many"), *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_non_empty_out_is_not_overwritten(tmp_path, capsys):
+    out = tmp_path / "many"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert main(["train", *settings(), "--seeds", "2", "--out", str(out)]) == 2
+    assert "is not empty; pass --overwrite" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
+
+
+def test_a_plugins_algorithm_trains_in_worker_processes(tmp_path, capsys):
+    """The worker processes import the plugin the configs record before reading them: the plugin's
+    own option (drop_rate, of its options class) arrives, and each run is its standalone run."""
+    plugin = str(Path(__file__).resolve().parents[1] / "examples" / "plugins" / "lossy_gossip.py")
+    chosen = ["algorithm=lossy-gossip", "topology=ring", "drop_rate=0.3"]
+    assert main(["train", "--plugin", plugin, *settings("lr=0.05", *chosen), "--seeds", "2", "--jobs", "2",
+                 "--out", str(tmp_path / "many"), "--quiet"]) == 0
+    assert main(["train", "--plugin", plugin, *settings("lr=0.05", *chosen, "seed=1"), "--out", str(tmp_path / "one"),
+                 "--quiet"]) == 0
+    assert "drop_rate: 0.3" in (tmp_path / "many" / "seed-1" / "config.yaml").read_text()
+    a, b = (read_summary(p) for p in (tmp_path / "many" / "seed-1", tmp_path / "one"))
+    assert without_wall(a).keys() == without_wall(b).keys()
+    torch.testing.assert_close(load_checkpoint(tmp_path / "many" / "seed-1")["rows"]["X"],
+                               load_checkpoint(tmp_path / "one")["rows"]["X"], rtol=0, atol=1e-12)
