@@ -42,6 +42,9 @@ FEATURES = {
     "diloco-streaming": ["algorithm=diloco", "local_steps=4", "fragments=2", "fragment_delay=1", "fragment_alpha=0.5",
                          "compression=ef-top-k:0.1+quant:2"],
     "noloco": ["algorithm=diloco", "local_steps=2", "outer_topology=one-peer-exponential", "outer_gamma=0.5"],
+    # SparseLoCo as Templar runs it: 2-D blocks, 12-bit indices, 2-bit values, the clipped mean over senders
+    "sparseloco": ["algorithm=diloco", "local_steps=2", "compression=ef-sparseloco:4@8", "ef_decay=0.95",
+                   "outer_lr=1", "outer_momentum=0"],
     "gossip-stragglers": ["algorithm=gossip", "topology=ring", "network=ethernet-10g", "compute_ms=1",
                           "slow_workers=0.25@3", "compute_jitter=lognormal:0.5"],
     "ad-psgd-stragglers": ["algorithm=ad-psgd", "network=ethernet-10g", "compute_ms=1", "slow_workers=0.25@3",
