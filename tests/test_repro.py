@@ -250,6 +250,27 @@ def test_jobs_must_be_positive(capsys):
     assert "--jobs must be a positive integer, got 0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("name", ["consensus-phases", "time-to-accuracy", "topologies"])
+def test_a_suite_whose_run_diverged_reports_the_seeds_where_none_did(tmp_path, name):
+    """The last variant diverges at the second of two seeds: results.md lists it, the suite's own
+    tables are over the first seed alone (every variant on the same seeds), and the paired
+    differences show the diverged seed."""
+    from dataclasses import replace
+
+    from gossamer.cli import run_training
+    from gossamer.repro import build_suite, run_suite
+
+    victim = build_suite(name, "cpu", True).variants[-1].name
+
+    def train_run(cfg, out):
+        bad = out.name == f"{_slug(victim)}-seed1"
+        run_training(replace(cfg, lr=1e6) if bad else cfg, out, overwrite=True, progress=False)
+    results = run_suite(name, tmp_path, 2, True, train_run, log=lambda line: None).read_text()
+    assert f"- {victim}, seed 1: training diverged" in results
+    assert "The tables below are over the seeds where no run diverged: 0 (1 of 2)." in results
+    assert re.search(rf"\| {re.escape(victim)} \| [^|]+ \| [^|]+, diverged \|", results)
+
+
 def test_bootstrap_intervals_of_the_rank_correlations_resample_the_seeds():
     """Accuracies ordered by the second measure in every seed: every resample gives ρ = +1 for it
     and −1 for the first, so both intervals are points and their difference's excludes 0; with

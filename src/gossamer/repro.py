@@ -80,6 +80,7 @@ class Suite:
     estimate_pairs: list[tuple[str, str]] = field(default_factory=list)  # (exact, estimate) controlled variants
     base_file: str | None = None  # paper scale: the configs/paper file every variant starts from
     report: Callable | None = None  # (suite, configs, out, seeds) → results.md body, plots written; default: Ξ²
+    reports_diverged: bool = False  # whether report takes seeds where runs diverged (else it gets the others)
 
     def config(self, v: Variant, seed: int = 0, ref: str = "REF", extra: list[str] = ()) -> Config:
         """The config of variant ``v`` for one seed (``ref``: the reference run's directory), with
@@ -581,6 +582,7 @@ def byzantine(scale: str, quick: bool) -> Suite:
                 clean.baseline = plain.name
             table[f"{label}, {rule}"] = [clean.name, *(v.name for v in attacked)]
     suite.report = lambda suite, configs, out, seeds: _byzantine_report(table, out, seeds)
+    suite.reports_diverged = True
     return suite
 
 
@@ -886,9 +888,31 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     fractions = sorted({c.validation_fraction for configs in tuning.values() for c in configs})
     body = (_tuning_section(suite, key, grid, tuned, "validation_fraction " + ", ".join(map(str, fractions)))
             if key else "")
-    body += (suite.report or _consensus_report)(suite, configs, out, run_seeds)
+    diverged = {(v.name, seed): (out / f"{_slug(v.name)}-seed{seed}" / DIVERGED).read_text().strip()
+                for v in suite.variants for seed in run_seeds
+                if (out / f"{_slug(v.name)}-seed{seed}" / DIVERGED).is_file()}
+    complete = [seed for seed in run_seeds if suite.reports_diverged or all(s != seed for _, s in diverged)]
+    if diverged:
+        body += _diverged_section(diverged, complete, run_seeds, suite.reports_diverged)
+    if complete:
+        body += (suite.report or _consensus_report)(suite, configs, out, complete)
     results.write_text(head + body + "\n" + _paired_section(suite, out, run_seeds))
     return results
+
+
+def _diverged_section(diverged: dict[tuple[str, int], str], complete: list[int], seeds: range,
+                      reported: bool) -> str:
+    """The runs that diverged, and which seeds the suite's tables are over because of them (a
+    report that does not take diverged runs gets the seeds where none diverged, so that every
+    variant is compared on the same seeds)."""
+    lines = ["**Diverged runs** (their directories hold DIVERGED with the message; a paired difference below "
+             "leaves out a seed where either run of the pair diverged):", "", *[f"- {name}, seed {seed}: {message}"
+                                                    for (name, seed), message in diverged.items()], ""]
+    if not reported:
+        lines += [f"The tables below are over the seeds where no run diverged: {', '.join(map(str, complete))} "
+                  f"({len(complete)} of {len(seeds)})." if complete else
+                  "Every seed has a diverged run: no table (see the paired differences).", ""]
+    return "\n".join(lines) + "\n"
 
 
 def estimate_work(configs: list[Config], seeds: int = 1) -> str:
