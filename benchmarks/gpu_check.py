@@ -8,7 +8,10 @@
    b = 32 — images/s of the n workers (both gradient backends) against one ResNet-20 on the union
    batch n·b, and the peak memory of each;
 3. a timed slice of Kong et al.'s n = 64 ResNet-20 config (configs/paper, ring) on random
-   CIFAR-shaped data (50,000 training images), projected to its 300 epochs.
+   CIFAR-shaped data (50,000 training images), projected to its 300 epochs;
+4. the ceiling of batched runs (benchmarks/simulator.py's benchmark 9): one step of K·n rows
+   against K steps of n rows — what decides whether issue 31's batched simulator is worth building
+   on a GPU (on the CPU it is 1.0–1.5×).
 
     python benchmarks/gpu_check.py --out gpu-check                    # on a GPU
     python benchmarks/gpu_check.py --out /tmp/check --device cpu --smoke  # rehearsal, a minute on CPU
@@ -116,7 +119,8 @@ def report(res: dict) -> str:
     out += ["", f"## 3. Kong et al.'s ring config, n = {k['workers']}, timed slice", "",
             f"{k['config']}: b = {k['batch']}, {k['steps_per_epoch']} steps an epoch; median of {k['timed_steps']} "
             f"steps: {k['step_seconds'] * 1e3:.1f} ms a step (metrics every step, as the config asks) → "
-            f"**{k['projected_hours']:.2f} h for its {k['epochs']} epochs** (evaluations not included).", ""]
+            f"**{k['projected_hours']:.2f} h for its {k['epochs']} epochs** (evaluations not included).", "",
+            simulator.report({"batching": res["batching"]}).replace("## 9.", "## 4.")]
     return "\n".join(out)
 
 
@@ -135,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     gpu = torch.cuda.get_device_name() if a.device == "cuda" else f"CPU ({os.cpu_count()} cores)"
     res = {"command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": f"{gpu}, torch {torch.__version__}", "cuda_tests": cuda_tests(a.device),
-           "throughput": simulator_throughput(a.smoke), "kong": kong_slice(a.smoke)}
+           "throughput": simulator_throughput(a.smoke), "kong": kong_slice(a.smoke),
+           "batching": simulator.bench_batching(a.smoke)}
     res["seconds"] = time.perf_counter() - start
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "gpu-check.json").write_text(json.dumps(res, indent=1))
