@@ -460,8 +460,9 @@ def low_communication(scale: str, quick: bool) -> Suite:
     SPARTA (p = 0.005 of the coordinates averaged every step), DeMo (its sign step, defaults
     s = 64, k = 32), SparseLoCo (Templar's codec, :mod:`gossamer.sparseloco`: the top 4 of each
     block, about 3 % here, 2-bit values, with its decayed error feedback and Templar's hparams:
-    β = 0.95, outer lr 1, no outer momentum), MuLoCo (DiLoCo with Muon inner steps), local AdamW averaging its moments every H and
-    DES-LOC (parameters every H, first moments every 2H, second every 5H). Each variant trains on each of LOWCOMM_NETWORKS — the same training (a fixed
+    β = 0.95, outer lr 1, no outer momentum), MuLoCo (DiLoCo with Muon inner steps), local AdamW
+    averaging its moments every H and DES-LOC (parameters every H, first moments every 2H, second
+    every 5H). Each variant trains on each of LOWCOMM_NETWORKS — the same training (a fixed
     ``compute_ms``, measurement free), only the simulated time differs. CPU scale only: the
     papers' models (150 M–1 B parameters) are beyond this simulator's CPU budget."""
     if scale == "paper":
