@@ -40,7 +40,6 @@ from .registry import ConfigError, short
 BINS = 4  # 2-bit codes (Templar's quantization_bins)
 RANGE = 6  # the bins span 6σ (quantization_range)
 CHUNK = 64  # the block side (target_chunk)
-INDEX_BITS = 12
 HEADER = (1 + BINS) * BYTES_PER_VALUE  # μ and the lookup table, per tensor
 
 
