@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -35,10 +36,11 @@ class Blocks:
     k: int
 
     @classmethod
-    def of(cls, shape: tuple[int, ...], chunk: int, k: int) -> Blocks:
-        """The blocks of a tensor of ``shape`` with sides at most ``chunk``, k (as given) per block."""
+    def of(cls, shape: tuple[int, ...], chunk: int, kept: Callable[[int], int]) -> Blocks:
+        """The blocks of a tensor of ``shape`` with sides at most ``chunk``, ``kept(n₁·n₂)`` kept per block."""
         A, B = as_matrix(shape)
-        return cls(A, B, chunk_size(A, chunk), chunk_size(B, chunk), k)
+        n1, n2 = chunk_size(A, chunk), chunk_size(B, chunk)
+        return cls(A, B, n1, n2, kept(n1 * n2))
 
     @property
     def count(self) -> int:

@@ -27,14 +27,13 @@ the two agree at Templar's η = 1.
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 from .blocks import Blocks
-from .codecs import BYTES_PER_VALUE, CODECS, as_bytes, from_bytes, pack_bits, unpack_bits
+from .codecs import BYTES_PER_VALUE, CODECS, _offsets, as_bytes, from_bytes, pack_bits, unpack_bits
 from .registry import ConfigError, short
 
 BINS = 4  # 2-bit codes (Templar's quantization_bins)
@@ -96,8 +95,7 @@ class SparseLoCoCodec:
     _positions: dict = field(default_factory=dict)  # device → (every block entry's column, each slot's block start)
 
     def __post_init__(self) -> None:
-        blocks = [Blocks.of(shape, self.chunk, self.k) for shape in self.shapes]
-        self.blocks = [Blocks(b.A, b.B, b.n1, b.n2, kept_per_block(self.k, b.size)) for b in blocks]
+        self.blocks = [Blocks.of(shape, self.chunk, lambda size: kept_per_block(self.k, size)) for shape in self.shapes]
         self.kept = [b.count * b.k for b in self.blocks]  # values sent per tensor
         self.K = sum(self.kept)
 
@@ -136,7 +134,7 @@ class SparseLoCoCodec:
         block's row-major order, looked up in the table of every block's columns."""
         device = index.device
         if device not in self._positions:
-            offsets = list(itertools.accumulate([0, *self.numels[:-1]]))
+            offsets = _offsets(self.numels)
             table = torch.cat([b.positions(device).flatten() + o for b, o in zip(self.blocks, offsets)])
             start = torch.cat([torch.arange(b.count, device=device).repeat_interleave(b.k) * b.size + o
                                for b, o in zip(self.blocks, offsets)])  # each slot's block, in the table

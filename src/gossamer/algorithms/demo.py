@@ -137,8 +137,7 @@ class DecoupledMomentumOptions:
 
 def demo_blocks(shapes: list[tuple[int, ...]], chunk: int, topk: int) -> list[Blocks]:
     """Each tensor's blocks (:mod:`gossamer.blocks`) and the k kept per block (all of a smaller block)."""
-    blocks = [Blocks.of(shape, chunk, topk) for shape in shapes]
-    return [Blocks(b.A, b.B, b.n1, b.n2, min(topk, b.size)) for b in blocks]
+    return [Blocks.of(shape, chunk, lambda size: min(topk, size)) for shape in shapes]
 
 
 @ALGORITHMS.register("decoupled-momentum", options=DecoupledMomentumOptions, example=("demo_chunk=8", "demo_topk=2"),
