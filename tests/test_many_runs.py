@@ -45,6 +45,7 @@ def test_each_seed_and_swept_value_is_its_standalone_run(tmp_path, capsys, jobs)
 @pytest.mark.parametrize("args, message", [
     (["--seeds", "0"], "--seeds must be a positive integer, got 0"),
     (["--jobs", "0"], "--jobs must be a positive integer, got 0"),
+    (["--seeds", "2", "--first-seed", "-1"], "--first-seed must be an integer in [0, 2**44 - seeds], got -1"),
     (["--sweep", "lr=[0.1]"], "--sweep expects KEY=[V1,V2,...] with at least two distinct values"),
     (["--sweep", "lr=[0.1,0.2]", "--sweep", "lr=[0.3,0.4]"], "--sweep lr: lr is swept twice"),
     (["--sweep", "lr=[0.1,0.2]", "--set", "lr=0.3"], "--sweep lr: lr is also given with --set"),

@@ -287,6 +287,23 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _positive(option: str, value: int) -> None:
+    if value < 1:
+        raise ConfigError(f"{option} must be a positive integer, got {value}")
+
+
+def _seed_range(first: int, seeds: int) -> None:
+    """Seeds first … first + seeds − 1 must all be valid seeds."""
+    if not 0 <= first <= SEED_LIMIT - seeds:
+        raise ConfigError(f"--first-seed must be an integer in [0, 2**44 - seeds], got {first}")
+
+
+def _empty_out(out: Path, overwrite: bool) -> None:
+    """Refuse to train many runs into a folder that holds something, unless told to overwrite."""
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
+
+
 def _train_many(args) -> int:
     """``gossamer train --seeds K [--first-seed S] [--sweep KEY=[V,...]] [--jobs J]``: every seed ×
     every combination of the swept values, each its own run in ``--out``/``seed-S[-KEY-V...]``, the
@@ -299,10 +316,10 @@ def _train_many(args) -> int:
         raise ConfigError("--seeds, --sweep and --jobs train new runs; resume each run directory on its own "
                           "(gossamer train --resume DIR)")
     seeds = 1 if args.seeds is None else args.seeds
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be a positive integer, got {seeds}")
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs must be a positive integer, got {args.jobs}")
+    _positive("--seeds", seeds)
+    _positive("--jobs", args.jobs)
+    if args.first_seed is not None:
+        _seed_range(args.first_seed, seeds)
     grids = [parse_grid(text, "--sweep") for text in args.sweep]
     keys = [key for key, _ in grids]
     given = {o.partition("=")[0].strip() for o in args.set}
@@ -317,8 +334,7 @@ def _train_many(args) -> int:
                           "run on its own")
     first = base.seed if args.first_seed is None else args.first_seed
     out = Path(args.out or _default_out(f"{base.algorithm}-n{base.workers}-runs"))
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite:
-        raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
+    _empty_out(out, args.overwrite)
     jobs = []
     for seed in range(first, first + seeds):
         for values in product(*(grid for _, grid in grids)):
@@ -438,8 +454,7 @@ def cmd_demo(args) -> int:
 
     out = Path(args.out) if args.out else _default_out("demo")
     epochs = args.epochs if args.epochs is not None else DEMO_EPOCHS
-    if epochs < 1:
-        raise ConfigError(f"--epochs must be a positive integer, got {epochs}")
+    _positive("--epochs", epochs)
     base = [*_base(False, epochs), "num_samples=10000", f"workers={DEMO_WORKERS}", f"eval_every={epochs}"]
     summaries, phase1 = {}, {}
     for name, overrides in demo_runs(out).items():
@@ -463,19 +478,15 @@ def train_suite_run(cfg, run_out: Path) -> None:
 
 def cmd_repro(args) -> int:
     """A paper experiment suite: every variant × seed, then results.md and its plots."""
-    if args.seeds < 1:
-        raise ConfigError(f"--seeds must be a positive integer, got {args.seeds}")
-    if not 0 <= args.first_seed <= SEED_LIMIT - args.seeds:
-        raise ConfigError(f"--first-seed must be an integer in [0, 2**44 - seeds], got {args.first_seed}")
+    _positive("--seeds", args.seeds)
+    _seed_range(args.first_seed, args.seeds)
     if len(args.tune) > 1:
         keys = " and ".join(t.partition("=")[0] for t in args.tune)
         raise ConfigError(f"--tune is given {len(args.tune)} times ({short(keys)}): one key is tuned at a time; tune "
                           f"one, then give the value chosen with --set")
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs must be a positive integer, got {args.jobs}")
+    _positive("--jobs", args.jobs)
     out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite and not args.dry_run:
-        raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
+    _empty_out(out, args.overwrite or args.dry_run)
     results = run_suite(args.suite, out, args.seeds, args.quick, train_suite_run, overrides=args.set,
                         scale=args.scale, dry_run=args.dry_run, first_seed=args.first_seed,
                         tune_grid=args.tune[0] if args.tune else None, jobs=args.jobs)
