@@ -870,9 +870,9 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     configs = {v.name: suite.config(v, run_seeds[0], extra=extra[v.name]) for v in suite.variants}
 
     def job(v: Variant, seed: int) -> Job:
-        ref = str(out / f"{_slug(suite.reference)}-seed{seed}") if suite.reference else ""
+        ref = str(_run(suite.reference, out, seed)) if suite.reference else ""
         return Job(f"[{name}] seed {seed}: {v.name}", suite.config(v, seed, ref, extra[v.name]),
-                   out / f"{_slug(v.name)}-seed{seed}")
+                   _run(v.name, out, seed))
     # the reference runs first: the controlled variants read their Ξ_t² trajectory
     for wave in (True, False):
         train_all([job(v, seed) for seed in run_seeds for v in suite.variants if (v.name == suite.reference) == wave],
@@ -889,9 +889,8 @@ def run_suite(name: str, out: Path, seeds: int, quick: bool, train_run: Callable
     fractions = sorted({c.validation_fraction for configs in tuning.values() for c in configs})
     body = (_tuning_section(suite, key, grid, tuned, "validation_fraction " + ", ".join(map(str, fractions)))
             if key else "")
-    diverged = {(v.name, seed): (out / f"{_slug(v.name)}-seed{seed}" / DIVERGED).read_text().strip()
-                for v in suite.variants for seed in run_seeds
-                if (out / f"{_slug(v.name)}-seed{seed}" / DIVERGED).is_file()}
+    diverged = {(v.name, seed): (_run(v.name, out, seed) / DIVERGED).read_text().strip()
+                for v in suite.variants for seed in run_seeds if (_run(v.name, out, seed) / DIVERGED).is_file()}
     complete = [seed for seed in run_seeds if suite.reports_diverged or all(s != seed for _, s in diverged)]
     if diverged:
         body += _diverged_section(diverged, complete, run_seeds, suite.reports_diverged)
@@ -995,8 +994,13 @@ OPTIONAL_COLUMNS = [("sharpness", "sharpness (x̄)", "{:.3g}"), ("gossip_rounds_
 """Summary keys shown, as (key, heading, format), where a run of the suite has them ("—": a variant without)."""
 
 
+def _run(name: str, out: Path, seed: int) -> Path:
+    """The directory of variant ``name``'s run of ``seed``."""
+    return out / f"{_slug(name)}-seed{seed}"
+
+
 def _runs(name: str, out: Path, seeds: range) -> list[Path]:
-    return [out / f"{_slug(name)}-seed{s}" for s in seeds]
+    return [_run(name, out, s) for s in seeds]
 
 
 DIVERGED = "DIVERGED"  # the file a suite writes in a run directory whose training diverged (its message)
