@@ -761,8 +761,7 @@ def _worker_start(threads: int, records: list[str]) -> None:
     config that names their entries is unpickled)."""
     from . import plugins
     torch.set_num_threads(threads)
-    plugins.load(records)
-    plugins.load_installed()
+    plugins.load(records)  # the installed plugins too: a config records them
 
 
 def _train_job(train_run: Callable, cfg: Config, out: Path) -> str | None:
