@@ -4,6 +4,7 @@ two folders: how an architecture change shows that it changed no recorded number
     python benchmarks/snapshot.py write runs/snap-before          # on the old tree
     python benchmarks/snapshot.py write runs/snap-after           # on the new one
     python benchmarks/snapshot.py compare runs/snap-before runs/snap-after
+    python benchmarks/snapshot.py write runs/snap32 --set dtype=float32   # every case with a key changed
 
 The cases are tests/cases.py's (every algorithm × optimizer and compressing algorithm × codec the
 config accepts, and the option variants) plus :data:`EXTRA` (the keys that draw from their own
@@ -42,13 +43,13 @@ def cases() -> dict[str, list[str]]:
     return {**all_cases(), **EXTRA}
 
 
-def write(out: Path) -> None:
+def write(out: Path, extra: list[str]) -> None:
     from gossamer.config import load_config
     from gossamer.train import build_run, train
 
     out.mkdir(parents=True, exist_ok=True)
     for name, overrides in cases().items():
-        cfg = load_config(None, [*SHORT, *overrides])
+        cfg = load_config(None, [*SHORT, *overrides, *extra])
         rows: list[dict] = []
         summary = train(cfg, build_run(cfg), on_row=rows.append)
         record = {"rows": rows, "summary": {k: v for k, v in summary.items() if k not in UNTIMED}}
@@ -88,13 +89,16 @@ def compare(before: Path, after: Path) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("write").add_argument("out", type=Path)
+    writing = sub.add_parser("write")
+    writing.add_argument("out", type=Path)
+    writing.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="a key for every case, after its own (e.g. dtype=float32)")
     both = sub.add_parser("compare")
     both.add_argument("before", type=Path)
     both.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.command == "write":
-        write(args.out)
+        write(args.out, args.set)
         return 0
     return compare(args.before, args.after)
 

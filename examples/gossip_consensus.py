@@ -51,7 +51,9 @@ def main():
                   f"extra rounds so far {sync.extra_gossip_rounds}", flush=True)
 
     result = {"max_consensus_distance": worst, "target": args.target, "extra_gossip_rounds": sync.extra_gossip_rounds,
-              "steps": args.steps, "comm_rounds": sync.comm.rounds, "mean_bound": sum(estimates) / len(estimates)}
+              "steps": args.steps, "comm_rounds": sync.comm.rounds, "mean_bound": sum(estimates) / len(estimates),
+              # the ring's rounds, and control's probes of Ξ² that decided them (an all-reduce and a scalar each)
+              "gossip_rounds": sync.comm.rounds_by_level["gossip"], "control_rounds": sync.comm.rounds_by_level["control"]}
     sync.close()
     if rank == 0:
         print(json.dumps(result))

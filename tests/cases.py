@@ -55,6 +55,8 @@ FEATURES = {
                             "faults.events=[0@1-5,3@4-]"],
     "diloco-faults-stale": ["algorithm=diloco", "local_steps=2", "faults.churn=0.15", "faults.downtime=2",
                             "faults.rejoin=stale"],
+    # a random partition into pairs every round (group means that are not blocks), a worker gone and back
+    "gossip-groups-faults": ["algorithm=gossip", "topology=groups:2", "faults.events=[2@3-8]"],
     # workers that lie: each attack and each aggregator at least once, in both families (the dist
     # parity launch and the resume tests take every FEATURE)
     "byzantine-allreduce-alie-trimmed-mean": ["algorithm=allreduce", "byzantine.workers=[1]", "byzantine.attack=alie",
@@ -232,11 +234,22 @@ def byzantine_pairs() -> dict[str, list[str]]:
             if family == "gossip" or attack not in GRAPH_ATTACKS for rule in rules}
 
 
+# groups that are not blocks, each spanning processes unevenly or one member a process: on 4 and
+# 3 processes (the wire check: each group's all-reduce among the processes holding members)
+GROUP_CASES = {4: {"groups-4-of-16": ["algorithm=gossip", "topology=groups:4", "workers=16", "batch_size=8"],
+                   "moshpit-4x4": ["algorithm=moshpit", "moshpit_group=4", "workers=16", "batch_size=8",
+                                   "local_steps=1"]},
+               3: {"moshpit-3x3": ["algorithm=moshpit", "moshpit_group=3", "workers=9", "batch_size=16",
+                                   "local_steps=1", "faults.events=[4@2-6]"],
+                   "groups-3-of-9": ["algorithm=gossip", "topology=groups:3", "workers=9", "batch_size=16",
+                                     "faults.events=[1@2-7]", "faults.rejoin=stale"]}}
 DIST_CASES = {2: {**on_dist(representatives(first_codec=len(codecs()) // 2, features=tuple(FEATURES))),
                   **byzantine_pairs()},
+              3: GROUP_CASES[3],
               4: {**{name: o for name, o in on_dist(representatives(features=(
                   "gossip-ring", "gossip-frequency", "simulated-time", "hierarchical-faults"))).items()
-                  if name in FEATURES or name.rsplit("-", 2)[0] in ONE_PER_PROCESS}, **ROUND_TOPOLOGY_CASES}}
+                  if name in FEATURES or name.rsplit("-", 2)[0] in ONE_PER_PROCESS}, **ROUND_TOPOLOGY_CASES,
+                  **GROUP_CASES[4]}}
 # CIFAR's per-worker augmentation and ResNet-20's BatchNorm statistics (rows of B), each process
 # holding its block of workers; x̄ evaluated with statistics recomputed on every process alike
 CIFAR_CASE = "cifar-resnet20-gossip"

@@ -36,7 +36,7 @@ def reference(cfg, run) -> tuple[torch.Tensor, np.ndarray, int]:
     X = run.workers.X.clone()
     topology = build_topology(cfg.topology, n, seed=cfg.seed)
     speeds, c = Speeds.of(cfg), cfg.compute_ms / 1000
-    tau = cfg.network.link.message(X.shape[1] * 4)
+    tau = cfg.network.link.message(X.shape[1] * X.element_size())  # d float64 values
     moment = [(0.0, "read")] * n  # each worker's next moment
     count, read, clocks, events, pairs = [0] * n, X.clone(), np.zeros(n), 0, 0
     while events < cfg.epochs * S * n:
@@ -67,7 +67,7 @@ def reference(cfg, run) -> tuple[torch.Tensor, np.ndarray, int]:
 @pytest.mark.parametrize("topology", ["ring", "random-matching"])
 def test_the_simulation_is_the_papers_update_event_by_event(topology):
     """Against the paper's Algorithm 1 replayed moment by moment (above): the rows, the clocks,
-    and the traffic (a pair average: both models cross once, 2·d·4 bytes among the n workers)."""
+    and the traffic (a pair average: both models cross once, 2·d·8 bytes among the n workers)."""
     cfg = small_config(*STRAGGLERS, f"topology={topology}")
     expected, clocks, pairs = reference(cfg, build_run(cfg))
     run = build_run(cfg)
@@ -79,7 +79,7 @@ def test_the_simulation_is_the_papers_update_event_by_event(topology):
     assert summary["sim_seconds_idle_fraction"] == pytest.approx((1 - clocks / clocks.max()).mean(), rel=1e-9)
     d = run.workers.X.shape[1]
     assert summary["comm_rounds"] == pairs and 0 < pairs <= cfg.epochs * run.steps_per_epoch * cfg.workers
-    assert summary["bytes_per_worker"] == pytest.approx(pairs * 2 * d * 4 / cfg.workers, rel=1e-12)
+    assert summary["bytes_per_worker"] == pytest.approx(pairs * 2 * d * 8 / cfg.workers, rel=1e-12)
 
 
 def test_equal_speeds_batch_one_gradient_call_per_n_events():

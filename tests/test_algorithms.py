@@ -81,8 +81,8 @@ def test_hierarchical_counts_rounds_per_level(tmp_path):
     assert summary["comm_rounds_block"] == syncs - syncs // 3
     assert summary["comm_rounds"] == syncs
     d = summary["parameters"]
-    assert summary["bytes_per_worker_block"] == pytest.approx(8 * 2 * d * (2 - 1) / 2 * 4)
-    assert summary["bytes_per_worker_global"] == pytest.approx(4 * 2 * d * (4 - 1) / 4 * 4)
+    assert summary["bytes_per_worker_block"] == pytest.approx(8 * 2 * d * (2 - 1) / 2 * 8)  # float64 values
+    assert summary["bytes_per_worker_global"] == pytest.approx(4 * 2 * d * (4 - 1) / 4 * 8)
 
 
 def test_block_average_leaves_other_blocks_untouched():

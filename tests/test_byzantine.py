@@ -120,7 +120,7 @@ def test_the_attack_replaces_the_byzantine_rows_by_its_rule_of_the_honest_ones(a
     engine.allreduce_mean_(Y)
     torch.testing.assert_close(Y, expected.expand(n, 6), rtol=0, atol=1e-14)
     assert engine.comm.rounds_by_level["global"] == 1
-    assert engine.comm.bytes_per_worker == pytest.approx(2 * (n - 1) / n * 6 * 4)  # the mean: an all-reduce
+    assert engine.comm.bytes_per_worker == pytest.approx(2 * (n - 1) / n * 6 * 8)  # the mean: an all-reduce of float64
 
 
 def test_a_block_mean_crafts_each_blocks_messages_from_that_blocks_honest_rows():
@@ -144,7 +144,7 @@ def test_gaussian_messages_come_from_their_named_stream_and_a_robust_rule_is_pri
     Y = X.clone()
     engine.block_mean_(Y, 3)  # blocks {0,1,2} and {3,4,5}: one Byzantine worker each, the median of 0, 0, noise
     torch.testing.assert_close(Y, torch.zeros(n, 4, dtype=F64), rtol=0, atol=0)
-    assert engine.comm.bytes_per_worker == pytest.approx((3 - 1) * 4 * 4)  # every member's 4 values from the 2 others
+    assert engine.comm.bytes_per_worker == pytest.approx((3 - 1) * 4 * 8)  # every member's 4 float64 values from the 2 others
     noise = engine.adversary._noise(4, X)  # the operator's draw, made again from (seed, call, worker)
     assert noise[[1, 2, 4, 5]].abs().sum() == 0 and noise[[0, 3]].std() > 1
     torch.testing.assert_close(engine.adversary._noise(4, X), noise, rtol=0, atol=0)

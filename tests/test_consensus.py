@@ -80,11 +80,10 @@ def test_estimate_controlled_training_meets_the_target_and_measures_only_scalars
         assert r["extra_gossip_rounds"] >= r["extra_gossip_rounds_if_exact"]
     assert any(r["extra_gossip_rounds"] > r["extra_gossip_rounds_if_exact"] for r in rows)
     assert estimate["extra_gossip_rounds"] == sum(r["extra_gossip_rounds"] for r in rows) > 0
-    # unmeasured steps: the estimate costs one scalar a round, the exact rule an all-reduce of d values
+    # what control decides from: the estimate one scalar a round, the exact rule an all-reduce of d values too
     control_bytes = {measure: rows_of(*common, f"consensus.measure={measure}", "metrics_every=12")[1]
-                     ["bytes_per_worker_metrics"] for measure in ("exact", "estimate")}
-    uncontrolled = rows_of("algorithm=gossip", "metrics_every=12")[1]["bytes_per_worker_metrics"]
-    assert control_bytes["estimate"] - uncontrolled < (control_bytes["exact"] - uncontrolled) / 10
+                     ["bytes_per_worker_control"] for measure in ("exact", "estimate")}
+    assert 0 < control_bytes["estimate"] < control_bytes["exact"] / 10
 
 
 def test_estimate_control_refuses_rounds_that_do_not_mix():
@@ -101,8 +100,10 @@ def test_exhausted_budget_falls_back_to_allreduce_or_continues():
         controller = Controller(lambda step: 1e-9, max_extra_rounds=3, on_budget=on_budget)
         metrics = controller.control(engine, X, Step(0), lambda: engine.gossip_(X, topo.mixing(0)))
         assert metrics["extra_gossip_rounds"] == 3 and metrics["control_allreduce"] == zero
+        levels = dict(engine.comm.rounds_by_level)
         assert (engine.consensus_distance_sq(X) < 1e-25) == zero
-        assert engine.comm.rounds == 3 + zero
+        # the rounds, the fallback, and the probes of Ξ² they were decided from (before, after each round)
+        assert (levels["gossip"], levels["global"], levels["control"]) == (3, zero, 2 * (1 + 3))
 
 
 @pytest.mark.parametrize("name", ["complete", "ring", "torus", "exponential", "one-peer-exponential",
@@ -129,8 +130,9 @@ def test_controlled_training_keeps_xi_under_a_constant_target():
     assert all(r["consensus_distance_sq_before_control"] >= r["consensus_distance_sq"] for r in rows)
     extra = sum(r["extra_gossip_rounds"] for r in rows)
     assert extra > 0 and summary["extra_gossip_rounds"] == extra
-    assert summary["comm_rounds"] == summary["steps"] + extra  # no budget fallbacks needed
-    assert summary["comm_rounds_gossip"] == summary["comm_rounds"]
+    assert summary["comm_rounds_gossip"] == summary["steps"] + extra and summary["comm_rounds_global"] == 0  # no fallback
+    assert summary["comm_rounds_control"] == 2 * (summary["steps"] + extra)  # Ξ²: x̄'s all-reduce and a scalar's
+    assert summary["comm_rounds"] == summary["comm_rounds_gossip"] + summary["comm_rounds_control"]
 
 
 def test_metrics_rows_carry_the_local_estimate_and_gradient_norms():
@@ -221,15 +223,18 @@ def test_frequency_control_with_a_target_of_0_is_d_sgd_step_for_step():
     rows, summary, run = train_rows(*FREQUENCY, "consensus.value=0", "momentum=0.9")
     d_rows, d_summary, d_run = train_rows("algorithm=gossip", "momentum=0.9")
     torch.testing.assert_close(run.workers.X, d_run.workers.X, rtol=0, atol=0)
-    assert [{k: v for k, v in r.items() if k not in FREQUENCY_KEYS} for r in rows] == d_rows
+    counts = FREQUENCY_KEYS + ("comm_rounds", "bytes_per_worker")  # the probes are control's traffic
+    assert [{k: v for k, v in r.items() if k not in counts} for r in rows] == \
+        [{k: v for k, v in r.items() if k not in counts} for r in d_rows]
     assert all(r["gossip_period"] == 1 and r["gossip_rounds_saved"] == 0 for r in rows)
     assert all(r["consensus_distance_sq_before_round"] > r["consensus_distance_sq"] for r in rows)
-    assert summary["gossip_rounds_saved"] == 0 and summary["comm_rounds"] == d_summary["comm_rounds"] == 24
-    assert summary["bytes_per_worker"] == d_summary["bytes_per_worker"]
-    assert summary["bytes_per_worker_metrics"] > d_summary["bytes_per_worker_metrics"]  # the probes
+    assert summary["gossip_rounds_saved"] == 0 and summary["comm_rounds_gossip"] == d_summary["comm_rounds"] == 24
+    assert summary["comm_rounds_control"] == 2 * 24  # Ξ² probed before every round
+    assert summary["bytes_per_worker"] == d_summary["bytes_per_worker"] + summary["bytes_per_worker_control"]
+    assert summary["bytes_per_worker_metrics"] == d_summary["bytes_per_worker_metrics"]
     rows, summary, _ = train_rows(*FREQUENCY, "consensus.value=0", "local_steps=4")  # from H_0 = 4 down to 1
     assert [r["gossip_period"] for r in rows] == [4] * 4 + [2] * 2 + [1] * 18
-    assert summary["comm_rounds"] == 20 and summary["gossip_rounds_saved"] == 24 // 4 - 20
+    assert summary["comm_rounds_gossip"] == 20 and summary["gossip_rounds_saved"] == 24 // 4 - 20
 
 
 def test_frequency_control_with_an_unreachable_target_lengthens_the_period_to_the_maximum():
@@ -238,7 +243,7 @@ def test_frequency_control_with_an_unreachable_target_lengthens_the_period_to_th
     assert [r["gossip_period"] for r in rows] == periods
     rounds = [r["step"] for r in rows if "theta_sq" in r]  # the steps that ended with a gossip round
     assert rounds == [1, 3, 6, 10, 15, 20]
-    assert summary["comm_rounds"] == summary["comm_rounds_gossip"] == 6
+    assert summary["comm_rounds_gossip"] == 6 and summary["comm_rounds_control"] == 2 * 6  # a probe a round
     assert summary["gossip_rounds_saved"] == sum(r["gossip_rounds_saved"] for r in rows) == 24 - 6
 
 

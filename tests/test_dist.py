@@ -93,7 +93,7 @@ def test_the_dist_engine_times_its_communication_with_a_network(procs, dist_runs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("procs", [4, 2])
+@pytest.mark.parametrize("procs", [4, 3, 2])
 def test_every_operator_matches_the_simulator(procs, dist_runs):
     """allreduce, block means (inside and across processes), gossip on static and time-varying
     graphs, packed sign averaging, x̄, Ξ², scalar means: the simulator's rows and the same counts."""
@@ -115,9 +115,9 @@ def test_ring_gossip_sends_two_messages_of_d_floats_and_allreduce_counts_the_rin
         assert sent["values"] == 2 * sent["d"] * sent["rounds"]
     s = summary_of(dist_runs(4) / "allreduce-none-sgd")
     n, d = 4, s["parameters"]
-    assert s["bytes_per_worker"] == pytest.approx(s["steps"] * 2 * d * (n - 1) / n * 4)
+    assert s["bytes_per_worker"] == pytest.approx(s["steps"] * 2 * d * (n - 1) / n * 8)  # float64 values
     g = summary_of(dist_runs(4) / "gossip-ring")
-    assert g["bytes_per_worker"] == pytest.approx(g["steps"] * 2 * d * 4)
+    assert g["bytes_per_worker"] == pytest.approx(g["steps"] * 2 * d * 8)
     assert g["messages_per_worker"] == 2 * g["steps"]
 
 
@@ -248,9 +248,9 @@ refs = []
 for i in range(3):
     T = torch.full((1, 1_000_000), float(engine.rank + i))
     refs.append(weakref.ref(T))
-    out = engine.gather_rows(T, everywhere=True)
-    assert out[:, 0].tolist() == [i, i + 1]
-    del T, out
+    engine.broadcast_(T, src=0)
+    assert T[0, 0].item() == i
+    del T
     assert refs[-1]() is not None, i  # held, with its work, past the collective (the exit-abort fix)
     engine.allreduce_mean_(torch.ones(1, 1000))
     deadline = time.monotonic() + 5  # gloo's thread may let go of the work a few ms after the main thread

@@ -12,7 +12,6 @@ from test_bad_input import one_line_error, sets
 from gossamer.algorithms import StepIO
 from gossamer.algorithms.dspodfl import links
 from gossamer.config import load_config
-from gossamer.engines.ledger import BYTES_PER_VALUE
 from gossamer.topology import build_topology
 from gossamer.train import build_run, train
 
@@ -86,7 +85,7 @@ def test_bytes_and_waits_follow_the_links_used_and_compute_is_charged_to_who_com
               "network=ethernet-10g", "compute_ms=5", "network.count_metrics=false"]
     rows, summary, run = rows_and_run(*common)
     schedule, n, steps = run.schedule, 4, summary["steps"]
-    m = summary["parameters"] * BYTES_PER_VALUE
+    m = summary["parameters"] * 8  # float64 values
     used = [len(links(schedule.round(t))[0]) for t in range(steps)]
     assert summary["bytes_per_worker"] == pytest.approx(sum(2 * u * m for u in used) / n, rel=1e-12)
     # one worker's clock by hand: c for each step it computes, then the round's τ with its used links

@@ -50,7 +50,8 @@ def test_gossip_with_consensus_control(tmp_path):
     result = run_example("gossip_consensus.py", "--steps", "40", "--target", "0.02", cwd=tmp_path)
     assert result["max_consensus_distance"] <= result["target"]
     assert result["extra_gossip_rounds"] > 0
-    assert result["comm_rounds"] == result["steps"] + result["extra_gossip_rounds"]
+    assert result["gossip_rounds"] == result["steps"] + result["extra_gossip_rounds"]
+    assert result["control_rounds"] == 2 * result["gossip_rounds"]  # Ξ² before the extra rounds and after each
 
 
 def test_diloco_with_a_user_outer_optimizer(tmp_path):

@@ -191,16 +191,20 @@ def test_an_event_after_the_last_step_is_refused():
         build_run(load_config(None, [*SHORT, "faults.events=[1@12-]"]))
 
 
-@pytest.mark.parametrize("case, per_step, gone_per_step", [
-    (["algorithm=gossip", "topology=ring"], 2.0, 1.0),  # ring of 4: 2 messages each; without 1: 8 - 2 - 2 of them
-    (["algorithm=allreduce"], 2 * 3 / 4, 2 * 2 / 4),  # ring all-reduce of g: 2(g - 1) vectors over n = 4
+@pytest.mark.parametrize("case, per_step, gone_per_step, neighbours", [
+    (["algorithm=gossip", "topology=ring"], 2.0, 1.0, 2),  # ring of 4: 2 messages each; without 1: 8 - 2 - 2 of them
+    (["algorithm=allreduce"], 2 * 3 / 4, 2 * 2 / 4, 3),  # ring all-reduce of g: 2(g - 1) vectors over n = 4
 ])
-def test_bytes_are_counted_on_the_living_workers_links(case, per_step, gone_per_step):
+def test_bytes_are_counted_on_the_living_workers_links(case, per_step, gone_per_step, neighbours):
     """Worker 1 of 4 gone for the steps 2 <= t < 6 of 12: the bytes are what moves among the living
-    (closed forms per step, means over the 4 workers; a vector is d values of 4 bytes on the wire)."""
+    (closed forms per step, means over the 4 workers; a vector is d float64 values, 8 bytes each),
+    and, back at step 6, its fetch: one vector from each of its living neighbours (all 3 others
+    without a graph)."""
     cfg = load_config(None, [*SHORT, *case, "faults.events=[1@2-6]"])
     run = build_run(cfg)
     summary = train(cfg, run)
     d = run.workers.X.shape[1]
-    assert summary["comm_rounds"] == 12
-    assert summary["bytes_per_worker"] == pytest.approx(4 * d * (8 * per_step + 4 * gone_per_step), rel=1e-12)
+    assert summary["comm_rounds"] == 12 + 1 and summary["comm_rounds_rejoin"] == 1
+    assert summary["bytes_per_worker_rejoin"] == pytest.approx(8 * d * neighbours / 4, rel=1e-12)
+    assert summary["bytes_per_worker"] == pytest.approx(8 * d * (8 * per_step + 4 * gone_per_step + neighbours / 4),
+                                                        rel=1e-12)

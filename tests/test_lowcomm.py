@@ -237,7 +237,7 @@ def test_sparta_matches_its_update_rule_and_counts_one_allreduce_of_the_chosen_c
     assert record("algorithm=sparta", "sparta_fraction=0.05", steps=2) == [(t, "allreduce", f"{k} columns")
                                                                            for t in (0, 1)]
     summary, _ = train_final("algorithm=sparta", "sparta_fraction=0.05")
-    assert summary["bytes_per_worker"] == 2 * 12 * allreduce_bytes(k, 4)
+    assert summary["bytes_per_worker"] == 2 * 12 * allreduce_bytes(k, 4, 8)
 
 
 # ---------------------------------------------------------------- DeMo
@@ -402,4 +402,4 @@ def test_des_loc_is_per_worker_torch_adam_with_three_periods():
     torch.testing.assert_close(run.workers.X, expected, atol=2e-15, rtol=0)
     d = expected.shape[1]
     assert summary["comm_rounds"] == averages
-    assert summary["bytes_per_worker"] == pytest.approx(averages * 2 * (n - 1) / n * 4 * d, rel=1e-12)
+    assert summary["bytes_per_worker"] == pytest.approx(averages * 2 * (n - 1) / n * 8 * d, rel=1e-12)  # float64

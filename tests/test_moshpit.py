@@ -57,7 +57,7 @@ def test_rounds_come_every_h_steps_and_cycle_through_the_axes():
     assert len(engine.rounds) == steps // 3
     assert engine.rounds[0] == [[0, 2], [1, 3]] and engine.rounds[1] == [[0, 1], [2, 3]]  # axis 0, then 1
     assert engine.rounds[2] == engine.rounds[0]
-    assert run.engine.comm.bytes_by_level["block"] == len(engine.rounds) * allreduce_bytes(run.workers.d, 2)
+    assert run.engine.comm.bytes_by_level["block"] == len(engine.rounds) * allreduce_bytes(run.workers.d, 2, 8)
 
 
 def test_a_grid_of_one_axis_is_local_sgd_bit_for_bit():

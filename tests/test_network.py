@@ -144,7 +144,8 @@ def sets(*overrides: str) -> list[str]:
 
 
 def all_reduce_seconds(d: int, n: int = 4) -> float:
-    return 2 * (n - 1) * (A1 + d * 4 / (n * B1))
+    """A ring all-reduce of d float64 values (the small config's dtype)."""
+    return 2 * (n - 1) * (A1 + d * 8 / (n * B1))
 
 
 def test_all_reduce_sgd_time_is_steps_times_compute_plus_one_all_reduce():
@@ -205,11 +206,11 @@ def test_measurement_is_priced_apart_and_costs_time_only_when_counted():
     _, free, _ = train_rows("algorithm=gossip", "epochs=1", *NET, "compute_ms=1")
     _, paid, _ = train_rows("algorithm=gossip", "epochs=1", *NET, "compute_ms=1", "network.count_metrics=true")
     steps, d, n = paid["steps"], paid["parameters"], 4
-    ring = 2 * (A1 + d * 4 / B1)  # 2 peers
+    ring = 2 * (A1 + d * 8 / B1)  # 2 peers, d float64 values
     # every step: φ², the loss and Θ² (scalar all-gathers), Ξ² (an all-reduce of d and one); the
     # evaluation: x̄ of X (an all-reduce; the CNN has no buffers to average), the local-mean
     # accuracy, the per-layer Ξ² (two all-reduces)
-    scalar, vector = (n - 1) * (A1 + 4 / B1), all_reduce_seconds(d)
+    scalar, vector = (n - 1) * (A1 + 8 / B1), all_reduce_seconds(d)
     metrics = steps * (4 * scalar + vector) + (scalar + 3 * vector)
     assert paid["sim_seconds_comm"] == pytest.approx(steps * ring + metrics, rel=1e-12)
     assert free["sim_seconds_comm"] == pytest.approx(steps * ring, rel=1e-12)

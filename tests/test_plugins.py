@@ -48,6 +48,39 @@ def build(cfg, ctx):
 '''
 
 
+# the review's two plugins (issue 41, item 8): a byte count told to the engine, and a mean taken
+# outside the engine's operators
+UNTRUSTED = '''
+from gossamer.extend import ALGORITHMS, GraphOptions, Schedule, build_graph
+
+
+class ToldOneByte(Schedule):
+    def __init__(self, topology):
+        self.union = topology.union
+
+    def after_step(self, engine, X, step):
+        received = engine.exchange(X.clone(), self.union, nbytes=1)  # each message is d values, not 1 byte
+        X.copy_(received.mean(1))
+        return {}
+
+
+class MeanOutside(Schedule):
+    def after_step(self, engine, X, step):
+        X.copy_(X.mean(0).expand_as(X))  # the engine never sees it: each process averages its own rows
+        return {}
+
+
+@ALGORITHMS.register("told-one-byte", options=GraphOptions, help="tells the engine its messages are 1 byte")
+def told(cfg, ctx):
+    return ToldOneByte(build_graph(cfg))
+
+
+@ALGORITHMS.register("mean-outside", help="averages X without the engine")
+def outside(cfg, ctx):
+    return MeanOutside()
+'''
+
+
 @pytest.fixture(scope="module")
 def lossy():
     plugins.load([LOSSY])
@@ -94,7 +127,7 @@ def test_lost_messages_are_not_priced(lossy):
     cfg = load_config(None, [*SHORT, "algorithm=lossy-gossip", "topology=ring", "drop_rate=0.5"])
     run = build_run(cfg)
     summary = train(cfg, run)
-    full = 2 * run.workers.d * 4 * summary["steps"]  # a ring round: the model to both neighbours
+    full = 2 * run.workers.d * 8 * summary["steps"]  # a ring round: the model (float64) to both neighbours
     assert 0.3 * full < summary["bytes_per_worker"] < 0.7 * full
 
 
@@ -177,8 +210,26 @@ def test_the_kit_fails_a_plugin_whose_state_is_not_saved(tmp_path):
     plugin.write_text(BROKEN)
     checks = {c.check: c for c in check_plugin(str(plugin), processes=False)}
     assert checks["resume"].passed is False and checks["resume"].deviation > 0
-    assert checks["ledger"].passed and checks["hot-path"].passed
+    assert checks["ledger"].passed is None and checks["hot-path"].passed  # the ledger: with processes
     assert resume_difference(["algorithm=gossip"], "gossip")[0] is None  # the same check passes a built-in
+
+
+@pytest.mark.system
+def test_check_plugin_fails_a_byte_count_taken_on_trust_and_a_mean_taken_outside_the_engine(tmp_path):
+    """Each fails with one line that says where: the told size against the message's bytes; the
+    worker matrix on 2 processes against the simulator's, though every transfer is what moved."""
+    plugin = tmp_path / "untrusted.py"
+    plugin.write_text(UNTRUSTED)
+    done = subprocess.run([sys.executable, "-m", "gossamer", "check-plugin", str(plugin)], capture_output=True,
+                          text=True, timeout=600)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 1, done.stdout + done.stderr
+    told = [line for line in lines if "told-one-byte" in line]
+    assert told and not any(line.startswith("PASS") for line in told)
+    assert any("nbytes=1 but each worker's message (its row of the payload) is" in line for line in told)
+    outside = {line.split()[3]: line for line in lines if "mean-outside" in line}
+    assert outside["ledger"].startswith("PASS") and outside["processes"].startswith("FAIL")
+    assert "rows combined outside the engine's operators" in outside["processes"]
 
 
 @pytest.mark.system

@@ -37,8 +37,8 @@ class RecordingEngine(SimEngine):
         self._log("gossip", X)
         return super().gossip_(X, mixing, measure)
 
-    def exchange(self, payload, mixing, nbytes):
-        self.calls.append((self.t, "exchange", nbytes, mixing.index.shape[0]))
+    def exchange(self, payload, mixing, nbytes=None):
+        self.calls.append((self.t, "exchange", payload[0].numel() * payload.element_size(), mixing.index.shape[0]))
         return super().exchange(payload, mixing, nbytes)
 
     def all_gather(self, payload, block_size=None):
@@ -147,8 +147,8 @@ def test_choco_exchanges_compressed_messages_with_the_union_of_its_neighbours_ev
     calls = record("algorithm=choco", "topology=ring", "compression=top-k:0.01", "choco_gamma=0.5", steps=3)
     k = sum(-(-n // 100) for n in (125, 25, 1875, 25, 1875, 25, 1250, 10))  # ⌈0.01·numel⌉ of the CNN's 8 tensors
     assert calls == [(t, "exchange", 8 * k, 3) for t in range(3)]  # 3 slots: self and the two ring neighbours
-    calls = record("algorithm=choco", "topology=one-peer-exponential", steps=3)  # identity codec: d float32
-    assert calls == [(t, "exchange", 4 * 5210, 3) for t in range(3)]  # slots of the period's union: self, +1, +2
+    calls = record("algorithm=choco", "topology=one-peer-exponential", steps=3)  # identity codec: d float64
+    assert calls == [(t, "exchange", 8 * 5210, 3) for t in range(3)]  # slots of the period's union: self, +1, +2
 
 
 def test_sgp_gossips_the_model_and_its_push_sum_weight_in_one_message():
@@ -198,7 +198,7 @@ def test_measurement_traffic_is_counted_apart_and_exactly():
     run = build_run(cfg)
     summary = train(cfg, run)
     n, d, steps = 4, run.workers.d, summary["steps"]
-    g, r = (n - 1) * 4, allreduce_bytes(d, n)  # a scalar all-gather, an all-reduce of d values
+    g, r = (n - 1) * 8, allreduce_bytes(d, n, 8)  # a float64 all-gather, an all-reduce of d float64 values
     measured, evaluations = len({*range(3, steps + 1, 3), S, 2 * S}), 2
     per_step = 3 * g + r  # φ², loss, Ξ² (x̄ and one scalar)
     per_evaluation = (r + 0) + g + 2 * r  # x̄ and b̄ (no buffers), local mean, per layer

@@ -16,7 +16,8 @@ A1, B1 = 50e-6, 1e9 / 8
 
 
 def all_reduce_seconds(d: int, n: int = 4) -> float:
-    return 2 * (n - 1) * (A1 + d * 4 / (n * B1))
+    """A ring all-reduce of d float64 values (the small config's dtype)."""
+    return 2 * (n - 1) * (A1 + d * 8 / (n * B1))
 
 
 def test_one_slow_worker_makes_every_all_reduce_step_wait_for_it():
@@ -45,7 +46,7 @@ def test_a_ring_round_waits_only_for_the_neighbours():
     tau = clock.network.seconds(events[0])
     distance = np.minimum(np.abs(np.arange(n) - s), n - np.abs(np.arange(n) - s))
     for t in range(1, 9):
-        clock.tick([Compute(None, t - 1), *events], False, n)
+        clock.tick([Compute(None, t - 1), *events], n)
         expected = t * (c + tau) + np.minimum(t, np.maximum(0, t - distance + 1)) * (X - 1) * c
         np.testing.assert_allclose(clock.times, expected, rtol=1e-12)
     idle = clock.idle

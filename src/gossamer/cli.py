@@ -375,14 +375,14 @@ def network_times(topology, rounds_to_halve: float, preset: str, parameters: int
     an exact all-reduce of the same model."""
     from types import SimpleNamespace
 
-    from .engines.ledger import BYTES_PER_VALUE, Transfer
+    from .engines.ledger import Transfer
     from .groups import Groups
 
     if parameters < 1:
         raise ConfigError(f"--parameters must be a positive number of model values, got {parameters}")
     net = NetworkConfig(preset)
     net.validate(SimpleNamespace(workers=topology.n))
-    m = parameters * BYTES_PER_VALUE
+    m = parameters * 4  # float32 values
     rounds = [net.seconds(Transfer("gossip", m, "gossip", mixing=w)) for w in topology.mixings]
     round_seconds = sum(rounds) / len(rounds)
     return {"network": preset, "parameters": parameters, "round_seconds": round_seconds,
@@ -430,15 +430,18 @@ def demo_story(summaries: dict[str, dict], phase1_xi_sq: dict[str, float]) -> li
     a, r, c = (summaries[k]["test_accuracy"] for k in ("allreduce", "gossip-ring", "gossip-ring-controlled"))
     gap, extra = 100 * (a - r), summaries["gossip-ring-controlled"].get("extra_gossip_rounds", 0)
     rounds = summaries["gossip-ring"]["comm_rounds"]
+    cost = (f"{extra:,} extra gossip rounds ({extra / rounds:.1f}× the ring's {rounds:,}) and the probes of Ξ² that "
+            f"decided them: {summaries['gossip-ring-controlled']['bytes_per_worker'] / summaries['gossip-ring']['bytes_per_worker']:.1f}× "
+            f"the ring's bytes")
     drift = (f"its {DEMO_WORKERS} models drift apart (mean Ξ² in the first phase "
              f"{phase1_xi_sq['gossip-ring']:.3g}, where All-Reduce keeps one model)")
     first = (f"The ring falls {gap:.1f} points behind All-Reduce: {drift}." if gap > 0 else
              f"This time the ring did not fall behind All-Reduce ({gap:+.1f} points), although {drift}.")
     second = (f"Holding Ξ at {DEMO_FACTOR:g} × the ring's in the first phase only (mean Ξ² "
               f"{phase1_xi_sq['gossip-ring-controlled']:.3g}) closes {100 * (c - r) / (a - r):.0f} % of the gap, "
-              f"for {extra:,} extra gossip rounds ({extra / rounds:.1f}× the ring's {rounds:,})." if gap > 0 else
-              f"Holding Ξ at {DEMO_FACTOR:g} × the ring's in the first phase cost {extra:,} extra gossip rounds "
-              f"and moved accuracy by {100 * (c - r):+.1f} points.")
+              f"for {cost}." if gap > 0 else
+              f"Holding Ξ at {DEMO_FACTOR:g} × the ring's in the first phase cost {cost}, and moved accuracy by "
+              f"{100 * (c - r):+.1f} points.")
     finding = ("the consensus distance of the first phase decides how well decentralized training "
                "generalizes; later phases tolerate drift")
     third = (f"This is Kong et al.'s finding (ICML 2021) at CIFAR-10 scale: {finding}." if gap > 0 and c - r > (a - r) / 2

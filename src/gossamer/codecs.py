@@ -315,12 +315,13 @@ class Quant:
 
 @dataclass
 class Identity:
-    """No compression: the change itself, counted as d float32 values (CHOCO-SGD without a codec)."""
+    """No compression: the change itself, d values of the run's dtype (CHOCO-SGD without a codec)."""
 
     numels: list[int]
+    dtype: torch.dtype = torch.float32
 
     def nbytes(self) -> int:
-        return BYTES_PER_VALUE * sum(self.numels)
+        return torch.empty(0, dtype=self.dtype).element_size() * sum(self.numels)
 
     def encode(self, delta: torch.Tensor, round: int = 0, rows: range = range(0)) -> torch.Tensor:
         return delta
@@ -443,7 +444,7 @@ def build_compressor(spec: str, numels: list[int], like: torch.Tensor, seed: int
     shaped like ``like`` (tensors of ``numels``, ``shapes``); ``decay``: β of its error feedback.
     Error feedback always uses the contractive form of a codec."""
     if spec == "none":
-        return Compressor(Identity(numels))
+        return Compressor(Identity(numels, like.dtype))
     error_feedback = spec.startswith(ERROR_FEEDBACK)
     codec = build_codec(spec.removeprefix(ERROR_FEEDBACK), numels, like.dtype, seed, contractive or error_feedback,
                         shapes)

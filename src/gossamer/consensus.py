@@ -17,11 +17,13 @@ adds gossip rounds after a step's own; ``frequency`` (:class:`FrequencyControl`)
 many local steps the workers take between gossip rounds, the period H_t.
 
 What the rounds controller decides from (``measure``): ``exact`` probes Ξ² after every round (an
-all-reduce of d values, which a real deployment would not pay for); ``estimate`` uses only the
-local estimate Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖² of each round (a scalar all-reduce) and the
-bound Ξ ≤ (2/p)Θ (Kong et al.), p the round's mixing quality. The bound holds for the distance
-before the round, so also after it: control from it never stops short of the target, and may
-spend more rounds than the exact rule would have.
+all-reduce of d values and a scalar all-gather); ``estimate`` uses only the local estimate
+Θ² = (1/n) Σ_i ‖Σ_j w_ij x_j − x_i‖² of each round (a scalar all-gather) and the bound
+Ξ ≤ (2/p)Θ (Kong et al.), p the round's mixing quality. The bound holds for the distance before
+the round, so also after it: control from it never stops short of the target, and may spend
+more rounds than the exact rule would have. What control decides from is its traffic (the
+ledger's level ``control``: in the algorithm's bytes and rounds, and on the clock); what it only
+reports is measurement.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from .engines.ledger import CONTROL
 from .registry import ConfigError, positive_ints
 
 if TYPE_CHECKING:
@@ -147,19 +150,19 @@ class Controller:
         """Run after the step's normal gossip; returns this step's control metrics.
 
         ``gossip_round()`` runs one extra round (and, when estimating, returns its bound on Ξ);
-        ``bound``: the bound given by the step's own round (estimating). Each probe of Ξ² is
-        measurement traffic (an all-reduce of d values); estimating probes Ξ² only on measured
-        steps, to report how many rounds the exact rule would have run from the same state
-        (``extra_gossip_rounds_if_exact``)."""
+        ``bound``: the bound given by the step's own round (estimating). Each probe of Ξ² the
+        exact rule decides from is control traffic (an all-reduce of d values and a scalar
+        all-gather); estimating probes Ξ² only on measured steps, as measurement, to report how
+        many rounds the exact rule would have run from the same state (``extra_gossip_rounds_if_exact``)."""
         if self.measure == "estimate":
             return self._from_estimate(engine, X, step, gossip_round, bound)
         target = self.target(step)
-        before = engine.consensus_distance_sq(X)
+        before = engine.consensus_distance_sq(X, CONTROL)
         xi_sq, rounds = before, 0
         while math.sqrt(xi_sq) > target and rounds < self.max_extra_rounds:
             gossip_round()
             rounds += 1
-            xi_sq = engine.consensus_distance_sq(X)
+            xi_sq = engine.consensus_distance_sq(X, CONTROL)
         fallback = math.sqrt(xi_sq) > target and self.on_budget == "allreduce"
         if fallback:
             engine.allreduce_mean_(X)
@@ -197,8 +200,8 @@ class FrequencyControl:
     round) adapts so that Ξ stays under the target, within [1, ``max_local_steps``].
 
     At every gossip round of a controlled phase, just before the round — when Ξ is at its largest
-    of the period, after H_t local steps — Ξ is probed (:meth:`probe`: an all-reduce of d values,
-    measurement traffic) and compared with target_t; the next period is
+    of the period, after H_t local steps — Ξ is probed (:meth:`probe`: an all-reduce of d values and
+    a scalar all-gather, control traffic) and compared with target_t; the next period is
 
         H ← max(1, ⌊H / 2⌋)                 if Ξ > target                 (too far apart: halve),
         H ← min(max_local_steps, H + 1)      if Ξ² ≤ target² · H / (H + 1)  (room for one more step),
@@ -227,7 +230,7 @@ class FrequencyControl:
 
     def probe(self, engine, X: torch.Tensor) -> None:
         """Ξ² just before the round."""
-        self.xi_sq = engine.consensus_distance_sq(X)
+        self.xi_sq = engine.consensus_distance_sq(X, CONTROL)
 
     def adapt(self, xi_sq: float, target: float) -> None:
         """The next period, from Ξ² just before the round and the step's target."""

@@ -13,7 +13,9 @@ the losses and the accuracies are over the living. The repair of W_t: ``local`` 
 the weight they gave it) or ``metropolis`` (:func:`repair`: Metropolis–Hastings weights of the
 living subgraph, a self-loop for a missing partner in a symmetric round of a changing graph). A
 returning worker (``rejoin``) comes back with the state it left with (``stale``) or takes the
-mean of its living neighbours' rows and a fresh local optimizer state (``neighbours``). Every
+mean of its living neighbours' rows and a fresh local optimizer state (``neighbours``: each
+neighbour sends it one message of its rows, the engine's ``fetch_``, priced at the ledger's level
+``rejoin``; without a graph, every living worker is a neighbour). Every
 process draws the same fault state from the seed, so the dist engine drops the same workers as
 the simulator, wherever their rows are held. Churn never takes the last living worker (the step's
 leaves are then cancelled); events that leave no worker alive are refused. Which algorithms drop
@@ -173,7 +175,9 @@ class Faults:
                 peers = neighbours(topology, int(i), self.n)
                 peers = peers[self.alive[peers] & ~returning[peers]]
                 if len(peers):
-                    rejoin_(engine, rows, optimizer, int(i), peers)
+                    engine.fetch_(rows, int(i), peers)
+                    if i in engine.rows:
+                        optimizer.reset_(int(i) - engine.rows.start)
         if engine.alive is None:
             return []
         gone = torch.as_tensor(np.flatnonzero(~self.alive[engine.rows.start : engine.rows.stop]),
@@ -241,18 +245,3 @@ def neighbours(topology: Topology | None, i: int, n: int) -> np.ndarray:
         return np.arange(n)
     u = topology.union
     return np.unique(u.index[(u.weight[:, i] != 0) & (u.index[:, i] != i), i])
-
-
-def rejoin_(engine, tensors: list[torch.Tensor], optimizer, i: int, peers: np.ndarray) -> None:
-    """``rejoin: neighbours``: worker i's row of each of ``tensors`` ← the mean of its ``peers``'
-    rows, its local optimizer state afresh. ``i`` and ``peers`` are global indices; the tensors
-    hold the ``engine``'s rows, which fetches the peers' rows from wherever they are held (every
-    process takes part)."""
-    idx = torch.as_tensor(peers, device=tensors[0].device)
-    here = i - engine.rows.start if i in engine.rows else None
-    for T in tensors:
-        mean = engine.rows_mean(T, idx)
-        if here is not None:
-            T[here] = mean
-    if here is not None:
-        optimizer.reset_(here)

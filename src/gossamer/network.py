@@ -23,17 +23,21 @@ share. For a group spanning N nodes with at most w_g of its members on one node:
   K the most messages that cross one node's link in one direction.
 
 With w = 1 (the default) every formula is the flat one above. Every message size is the one the
-engine counted: d float32 values, or the exact bytes of a codec's message.
+ledger counted from the tensors that travel: d values of the run's dtype (4 bytes in float32, 8
+in float64), or the exact bytes of a codec's message.
 
-**A step** costs its compute c plus its communication, one after the other; with ``overlap``,
-a step whose only communication is the gradient all-reduce (``Schedule.averages_gradients``)
-hides up to the backward pass's share of c, 2/3 (backward ≈ twice the forward's FLOPs), as
-DDP overlaps its bucketed all-reduce with backward: c + max(0, comm − 2c/3). An operator that
-may run behind w steps of compute (``Event.behind``: Streaming DiLoCo's fragment, applied τ steps
+**A step** costs its compute c plus its communication, one after the other. What a transfer may
+overlap is the ledger's (:class:`~gossamer.engines.ledger.Transfer`), not the clock's guess:
+with ``overlap``, the transfers that run behind the backward pass (``backward``: the gradient
+all-reduce, bucketed as DDP does it) start with it and hide up to its share of c, 2/3 (backward ≈
+twice the forward's FLOPs): c + max(0, comm − 2c/3), the step's other transfers after. An
+operator that may run behind w steps of compute (``behind``: Streaming DiLoCo's fragment, applied τ steps
 after it was sent, w = min(τ, ⌊H/F⌋) so that two fragments never share the link) costs
-max(0, comm − w·c), charged at the step that sends it. Measurement traffic (x̄, Ξ², scalar
-means, control's probes) is priced apart, as ``sim_seconds_metrics``, and costs training time
-only with ``count_metrics: true`` (a study of measurement's cost). ``sim_seconds_comm`` adds each
+max(0, comm − w·c), charged at the step that sends it. The algorithm's traffic includes what it
+decides from (consensus control's probes of Ξ², Θ² and φ²) and a returning worker's fetch.
+Measurement traffic (x̄, Ξ² and scalar means for the rows and evaluations) is priced apart, as
+``sim_seconds_metrics``, and costs training time only with ``count_metrics: true`` (a study of
+measurement's cost). ``sim_seconds_comm`` adds each
 operator's τ (a one-sided one's as τ/n, the mean over workers of what it costs).
 c is ``compute_ms``: ``measured`` (the simulator's own compute time per step divided by the
 workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's forward and
@@ -53,9 +57,9 @@ the workers it needs, then costs its time τ (the formulas above) on each worker
 - a one-sided exchange (AD-PSGD's pair average): its initiator T_i ← T_i + τ, nobody waits;
 - a local step: nobody.
 
-With ``overlap``, the gradient all-reduce starts at the backward's start, T_i + c_i/3, and a
-worker's step ends at max(T_i + c_i, the all-reduce's end). Measurement traffic is priced after
-the step's operators. ``sim_seconds`` is max_i T_i; a worker is idle while it waits in an
+With ``overlap``, the transfers behind the backward pass start at its start, T_i + c_i/3, a
+worker's compute ends at max(T_i + c_i, their end), and the step's other operators follow.
+Measurement traffic is priced after the step's operators. ``sim_seconds`` is max_i T_i; a worker is idle while it waits in an
 operator and after its last step until the slowest ends: ``sim_seconds_idle_fraction`` is the
 mean over workers of its idle time over ``sim_seconds``. With equal speeds every clock is the
 same and the step costs c plus its operators, as above.
@@ -75,7 +79,7 @@ import numpy as np
 import torch
 
 from .data.partition import steps_per_epoch
-from .engines.ledger import BYTES_PER_VALUE, METRICS, Compute, Transfer
+from .engines.ledger import METRICS, Compute, Transfer
 from .groups import Groups
 from .registry import ConfigError, short
 from .rng import host_stream
@@ -127,8 +131,8 @@ class NetworkConfig:
     workers_per_node: int = 1  # consecutive workers sharing a node
     intra_node_bandwidth: float | None = None  # Gbit/s between workers of a node (default: nvlink's)
     intra_node_latency: float | None = None  # µs (default: nvlink's)
-    overlap: bool = False  # hide the gradient all-reduce behind the backward pass, as DDP does
-    count_metrics: bool = False  # true: measurement traffic (x̄, Ξ², scalar means, probes) costs time too
+    overlap: bool = False  # hide what runs behind the backward pass (the gradient all-reduce), as DDP does
+    count_metrics: bool = False  # true: measurement traffic (the rows' x̄, Ξ², scalar means) costs time too
 
     def validate(self, cfg) -> None:
         """Check the values and fill in the preset's (so config.yaml holds the numbers used)."""
@@ -453,7 +457,7 @@ class Clock:
         self._measured = 0.0
         return c
 
-    def tick(self, entries: list, averages_gradients: bool, workers: int) -> float:
+    def tick(self, entries: list, workers: int) -> float:
         """Advance the per-worker clocks and idle times by a step's ledger ``entries`` (in order;
         measurement after the rest); ``workers``: those whose compute :meth:`timed` measured.
         Returns the step's communication not hidden by compute (at speed 1)."""
@@ -462,12 +466,15 @@ class Clock:
                  for e in entries if isinstance(e, Compute) or e.level != METRICS]
         metrics = self.measurement(entries)
         comm = sum(cost / (n if e.initiator is not None else 1) for e, cost in steps if cost is not None)
-        hidden = min(comm, BACKWARD_SHARE * c) if net.overlap and averages_gradients else 0.0
-        if hidden:  # the all-reduce starts with the backward pass
+        backward = [(e, cost) for e, cost in steps if cost is not None and e.backward] if net.overlap else []
+        behind = sum(cost for _, cost in backward)
+        hidden = min(behind, BACKWARD_SHARE * c)
+        if hidden:  # those transfers start with the backward pass; the step's others follow
             compute = sum(self._compute_times(e, c) for e, cost in steps if cost is None)
-            transfers = [(e, cost) for e, cost in steps if cost is not None]
-            now = np.maximum(self.times + compute, self._operate(self.times + compute / 3, transfers, None, c))
-            self.idle += now - self.times - np.maximum(compute, compute / 3 + comm)
+            now = np.maximum(self.times + compute, self._operate(self.times + compute / 3, backward, None, c))
+            self.idle += now - self.times - np.maximum(compute, compute / 3 + behind)
+            now = self._operate(now, [(e, cost) for e, cost in steps if cost is not None and not e.backward],
+                                self.idle, c)
         else:
             now = self._operate(self.times, steps, self.idle, c)
         self.times = self._operate(now, metrics, self.idle, c)
@@ -527,7 +534,7 @@ def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -
     else:
         step = value / 1000
     steps = cfg.epochs * steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
-    nbytes = sum(p.numel() for p in model.parameters()) * BYTES_PER_VALUE
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     speeds = Speeds.of(cfg)
     cfg.network.check_finite(nbytes, cfg.workers, step or 0.0, speeds.slow.max(), steps)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)

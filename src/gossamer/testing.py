@@ -10,8 +10,10 @@ gossip on it; a model or a data set as its example says) and checks:
   (deviation: max |Δ| of the final state);
 - ``hot-path``: ten steps without metrics read nothing back from the device (no ``.item()``, no
   tensor → Python conversion);
-- ``ledger``: every communication primitive that moved data is in the traffic ledger, once, in
-  order, with its payload's size — nothing assumed, nothing missed (:class:`RecordingEngine`);
+- ``ledger``: on 2 real processes (the ``processes`` launch), what each hands torch.distributed
+  between two transfers of the ledger — every collective's group and bytes, every message's peer
+  and bytes — is what the transfer implies (:mod:`gossamer.engines.wire`): nothing assumed,
+  nothing missed, no byte count taken on trust;
 - ``hooks``: the entry in a user's plain PyTorch loop with the synchroniser of gossamer.integrations
   that runs the same algorithm (LocalSGD, Gossip, DiLoCo), 4 workers in threads over a
   ThreadedSim, gives the simulator's parameters to 1e-10 and its traffic counts — for a codec,
@@ -21,7 +23,7 @@ gossip on it; a model or a data set as its example says) and checks:
 
 Each check prints one line with its measured deviation; :func:`check_plugin` returns them.
 gossamer's own tests call the same functions (tests/test_resume.py, tests/test_hot_path.py,
-tests/test_ledger.py).
+tests/test_ledger.py on the parity launches of tests/test_dist.py).
 """
 
 from __future__ import annotations
@@ -43,8 +45,7 @@ import torch
 
 from . import plugins
 from .config import load_config
-from .engines.ledger import BYTES_PER_VALUE, METRICS, Transfer
-from .engines.sim import SimEngine
+from .engines import wire
 from .registry import ConfigError
 
 # a fraction of a second in float64: 4 workers, 2 epochs of 6 steps, the MLP
@@ -236,66 +237,6 @@ def host_read(overrides: list[str], steps: int = 10) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------- the traffic ledger
-
-
-class RecordingEngine(SimEngine):
-    """The simulator, writing down each primitive that moves data — (operator, its participants:
-    the groups or W it ran over, bytes when the payload's size sets them) — beside the ledger's
-    transfers, so that the two can be compared."""
-
-    def __init__(self, n: int):
-        super().__init__(n)
-        self.moved: list[tuple[str, object, float | None]] = []
-        self.recorded: list[Transfer] = []
-        record = self.comm.record
-
-        def keep(transfer: Transfer) -> None:
-            self.recorded.append(transfer)
-            record(transfer)
-        self.comm.record = keep
-
-    def _groups_mean_(self, X, groups):
-        self.moved.append(("allreduce", groups, X.shape[1] * BYTES_PER_VALUE))
-        super()._groups_mean_(X, groups)
-
-    def _mixed(self, X, mixing):
-        self.moved.append(("gossip", mixing, X.shape[1] * BYTES_PER_VALUE))
-        return super()._mixed(X, mixing)
-
-    def _exchange(self, payload, mixing):
-        self.moved.append(("gossip", mixing, None))  # the wire size is the codec's, not the tensor's
-        return super()._exchange(payload, mixing)
-
-    def _all_gather(self, payload, size):  # bytes, or rows of values (float32 on the wire)
-        self.moved.append(("allgather", size, payload.shape[1] * (1 if payload.dtype == torch.uint8 else BYTES_PER_VALUE)))
-        return super()._all_gather(payload, size)
-
-
-def ledger_difference(overrides: list[str]) -> tuple[str | None, int]:
-    """Train the run on a :class:`RecordingEngine`; (the first primitive the ledger does not hold
-    as it moved, or None; the number of primitives)."""
-    from .train import build_run, train
-
-    cfg = config(overrides)
-    engine = RecordingEngine(cfg.workers)
-    train(cfg, build_run(cfg, engine=engine))
-    recorded = [t for t in engine.recorded if t.level != METRICS]  # measurements move by other primitives
-    for k, (op, over, nbytes) in enumerate(engine.moved):
-        if k >= len(recorded):
-            return f"primitive {k} ({op}) moved data the ledger does not record", len(engine.moved)
-        t = recorded[k]
-        participants = t.mixing if op == "gossip" else t.groups.size if op == "allgather" else t.groups
-        if t.op != op or (participants is not over and participants != over) or \
-                (nbytes is not None and t.nbytes != nbytes):
-            return (f"primitive {k}: {op} of {nbytes} bytes moved, the ledger holds {t.op} of {t.nbytes} bytes",
-                    len(engine.moved))
-    if len(recorded) > len(engine.moved):
-        extra = recorded[len(engine.moved)]
-        return f"the ledger records a {extra.op} ({extra.level}) that no primitive moved", len(engine.moved)
-    return None, len(engine.moved)
-
-
 # ---------------------------------------------------------------- hooks: a user's loop, one model per worker
 
 PROCS = 4  # the synchronisers' parity: 4 workers, one a thread (SHORT's workers)
@@ -426,10 +367,38 @@ def hook_difference(overrides: list[str]) -> tuple[str | None, float]:
 # ---------------------------------------------------------------- processes
 
 
+@dataclass(frozen=True)
+class OnProcesses:
+    """One case on real processes against the simulator: what differs beyond 1e-10 (the worker
+    matrix, the traffic counts) or None, max |ΔX|; the wire check (the first mismatch or None, the
+    transfers compared); why the run on processes failed, if it did."""
+
+    differs: str | None
+    delta: float
+    wire: str | None
+    operators: int
+    failed: str | None = None
+
+
+def wire_difference(prefix: Path, procs: int) -> tuple[str | None, int]:
+    """The wire reports ``PREFIX-rank{R}.json`` of a run on ``procs`` processes
+    (:mod:`gossamer.engines.wire`): (the first mismatch, or None; the transfers compared)."""
+    operators = 0
+    for rank in range(procs):
+        path = Path(f"{prefix}-rank{rank}.json")
+        if not path.exists():
+            return f"rank {rank} wrote no wire report", operators
+        report = json.loads(path.read_text())
+        if report["mismatches"]:
+            return report["mismatches"][0], operators
+        operators = max(operators, report["operators"])
+    return None, operators
+
+
 def process_differences(plugin: str | None, cases: dict[str, list[str]], procs: int = 2,
-                        timeout: float = 600) -> dict[str, tuple[str | None, float]]:
-    """Each case trained by the simulator here and on ``procs`` gloo processes (one launch for all);
-    {case: (what differs beyond 1e-10 — the worker matrix or the traffic counts — or None, max |ΔX|)}."""
+                        timeout: float = 600) -> dict[str, OnProcesses]:
+    """Each case trained by the simulator here and on ``procs`` gloo processes (one launch for
+    all, the wire tap on): {case: :class:`OnProcesses`}."""
     from .train import build_run, train
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -441,9 +410,15 @@ def process_differences(plugin: str | None, cases: dict[str, list[str]], procs: 
                               timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode != 0:
             tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            return {name: (f"the {procs}-process launch failed: {tail[:200]}", float("inf")) for name in cases}
+            failed = f"the {procs}-process launch failed: {tail[:200]}"
+            return {name: OnProcesses(None, float("inf"), None, 0, failed) for name in cases}
         results = {}
         for name, overrides in runs.items():
+            failed = root / f"failed-{name}.txt"
+            if failed.exists():
+                why = f"the {procs}-process run failed: {failed.read_text().strip()[:300]}"
+                results[name] = OnProcesses(None, float("inf"), None, 0, why)
+                continue
             cfg = config(overrides)
             run = build_run(cfg)
             train(cfg, run)
@@ -452,12 +427,14 @@ def process_differences(plugin: str | None, cases: dict[str, list[str]], procs: 
             comm = run.engine.comm.state_dict()
             differs = "the worker matrix" if not delta <= PARITY else \
                 "the traffic counts" if state["comm"] != comm else None
-            results[name] = (differs, delta)
+            results[name] = OnProcesses(differs, delta, *wire_difference(root / f"wire-{name}", procs))
         return results
 
 
 def _train_on_processes(root: Path) -> None:
-    """Under torchrun: every case of ROOT/cases.json with engine dist into ROOT/NAME."""
+    """Under torchrun: every case of ROOT/cases.json with engine dist into ROOT/NAME, its wire
+    reports into ROOT/wire-NAME-rank{R}.json; a case whose run fails (alike on every rank: the
+    entry raised) leaves its error line in ROOT/failed-NAME.txt, and the next case runs."""
     from .cli import main
 
     spec = json.loads((root / "cases.json").read_text())
@@ -465,9 +442,13 @@ def _train_on_processes(root: Path) -> None:
     for name, overrides in spec["cases"].items():
         plugin = ["--plugin", spec["plugin"]] if spec["plugin"] else []
         sets = [a for o in [*SHORT, *_samples(overrides), *overrides, "engine=dist"] for a in ("--set", o)]
-        code = main(["train", "--quiet", *plugin, "--out", str(root / name), *sets])
-        if code:
-            sys.exit(code)
+        os.environ[wire.ENV] = str(root / f"wire-{name}")
+        errors = io.StringIO()
+        with contextlib.redirect_stderr(errors):
+            code = main(["train", "--quiet", *plugin, "--out", str(root / name), *sets])
+        if code and int(os.environ.get("RANK", 0)) == 0:
+            lines = errors.getvalue().strip().splitlines()
+            (root / f"failed-{name}.txt").write_text(f"exit {code}: {lines[-1] if lines else ''}")
 
 
 def _samples(overrides: list[str]) -> list[str]:
@@ -481,31 +462,43 @@ def _samples(overrides: list[str]) -> list[str]:
 # ---------------------------------------------------------------- the kit
 
 
+def _attempt(entry: str, check: str, run: Callable[[], Check]) -> Check:
+    """``run()``'s check, or a failed one naming the error the entry's run raised (one line)."""
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 - the kit reports what the entry raised, whatever it is
+        lines = str(e).strip().splitlines()
+        return Check(entry, check, False, None, f"the run raised {type(e).__name__}: {lines[0][:300] if lines else ''}")
+
+
 def check_entry(kind: str, name: str) -> list[Check]:
     """The in-process checks of one registered entry."""
     entry = f"{kind} {name}"
     overrides = overrides_for(kind, name)
-    where, delta = resume_difference(overrides, entry)
-    checks = [Check(entry, "resume", where is None, delta,
-                    "stopped before and after the boundaries, resumed: the straight run bit for bit" if where is None
-                    else f"differs in {where}")]
-    consensus = any(o.startswith("consensus.") for o in overrides)  # control decides from Ξ² every step: a read
-    read = None if consensus else host_read(overrides)
-    checks.append(Check(entry, "hot-path", None if consensus else read is None, None,
-                        "consensus control reads Ξ² by design" if consensus else
-                        "10 steps, nothing read back from the device" if read is None else read))
-    where, count = ledger_difference(overrides)
-    checks.append(Check(entry, "ledger", where is None, None,
-                        f"{count} primitives moved data, each in the ledger as it moved" if where is None else where))
-    if hook_of(overrides) is None:
-        checks.append(Check(entry, "hooks", None, None, "gossamer's synchronisers (LocalSGD, Gossip, DiLoCo) run "
-                                                        "their own algorithms, not this one"))
-    else:
+
+    def resume() -> Check:
+        where, delta = resume_difference(overrides, entry)
+        return Check(entry, "resume", where is None, delta,
+                     "stopped before and after the boundaries, resumed: the straight run bit for bit" if where is None
+                     else f"differs in {where}")
+
+    def hot_path() -> Check:
+        if any(o.startswith("consensus.") for o in overrides):  # control decides from Ξ² every step: a read
+            return Check(entry, "hot-path", None, None, "consensus control reads Ξ² by design")
+        read = host_read(overrides)
+        return Check(entry, "hot-path", read is None, None,
+                     "10 steps, nothing read back from the device" if read is None else read)
+
+    def hooks() -> Check:
+        if hook_of(overrides) is None:
+            return Check(entry, "hooks", None, None, "gossamer's synchronisers (LocalSGD, Gossip, DiLoCo) run their "
+                                                     "own algorithms, not this one")
         where, delta = hook_difference(overrides)
-        checks.append(Check(entry, "hooks", where is None, delta,
-                            "the synchroniser in a plain loop (4 threads) gives the simulator's run and its counts"
-                            if where is None else f"differs in {where}"))
-    return checks
+        return Check(entry, "hooks", where is None, delta,
+                     "the synchroniser in a plain loop (4 threads) gives the simulator's run and its counts"
+                     if where is None else f"differs in {where}")
+    return [_attempt(entry, check, run) for check, run in (("resume", resume), ("hot-path", hot_path),
+                                                            ("hooks", hooks))]
 
 
 def check_plugin(spec: str, processes: bool = True, out: Callable[[str], None] = lambda line: None) -> list[Check]:
@@ -520,13 +513,29 @@ def check_plugin(spec: str, processes: bool = True, out: Callable[[str], None] =
         for check in check_entry(kind, name):
             out(check.line())
             checks.append(check)
-    if processes:
-        source = record.partition(plugins.HASH)[0]
-        cases = {f"{kind}-{name}": overrides_for(kind, name) for kind, name in entries}
-        for (kind, name), (case, (where, delta)) in zip(entries, process_differences(source, cases).items()):
-            check = Check(f"{kind} {name}", "processes", where is None, delta,
-                          "2 gloo processes give the simulator's run (1e-10) and its counts" if where is None
-                          else f"differs in {where}")
+    if not processes:
+        for kind, name in entries:
+            check = Check(f"{kind} {name}", "ledger", None, None, "checked against what 2 processes hand "
+                          "torch.distributed: it runs with the processes check")
+            out(check.line())
+            checks.append(check)
+        return checks
+    source = record.partition(plugins.HASH)[0]
+    cases = {f"{kind}-{name}": overrides_for(kind, name) for kind, name in entries}
+    for (kind, name), result in zip(entries, process_differences(source, cases).values()):
+        entry = f"{kind} {name}"
+        if result.failed:
+            found = [Check(entry, check, False, None, result.failed) for check in ("ledger", "processes")]
+        else:
+            outside = " although every transfer is what moved: rows combined outside the engine's operators (a " \
+                      "process holds only its own)?" if result.differs == "the worker matrix" and result.wire is None else ""
+            found = [Check(entry, "ledger", result.wire is None, None,
+                           f"{result.operators} transfers, each what the 2 processes handed torch.distributed"
+                           if result.wire is None else result.wire),
+                     Check(entry, "processes", result.differs is None, result.delta,
+                           "2 gloo processes give the simulator's run (1e-10) and its counts" if result.differs is None
+                           else f"differs in {result.differs}{outside}")]
+        for check in found:
             out(check.line())
             checks.append(check)
     return checks

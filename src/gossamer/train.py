@@ -543,7 +543,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             row["consensus_distance_sq_per_layer"] = e.distance_sq_per_tensor(w.X, w.param_slots)
             bar.set_postfix({k: f"{v:.3f}" for k, v in row.items() if k == run.task.metric},
                             xi2=f"{row['consensus_distance_sq']:.2e}")
-        _advance_clocks(run, state, t, computes)
+        _advance_clocks(run, state, computes)
         if evaluating and state.steps_to_target is None and reached_target(cfg, row):
             state.steps_to_target = t + 1
             state.sim_seconds_to_target = state.sim_seconds if run.clock is not None else None
@@ -595,15 +595,15 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
     }
 
 
-def _advance_clocks(run: Run, state: Progress, t: int, computes: np.ndarray | None) -> None:
-    """Add step t to the simulated time (the computations and operators the engine's ledger kept
+def _advance_clocks(run: Run, state: Progress, computes: np.ndarray | None) -> None:
+    """Add the step to the simulated time (the computations and operators the engine's ledger kept
     in it, evaluation included; ``computes``: the workers that computed) and to the communication
     time the engine measured."""
     entries, e = run.engine.comm.take(), run.engine
     if run.clock is not None:
         state.sim_seconds_metrics += sum(cost for _, cost in run.clock.measurement_seconds(entries))
         measured = e.m if computes is None else int(computes[e.rows.start : e.rows.stop].sum())
-        state.sim_seconds_comm += run.clock.tick(entries, run.schedule.averages_gradients(t), measured)
+        state.sim_seconds_comm += run.clock.tick(entries, measured)
         state.sim_seconds = run.clock.now
     if run.engine.timed:
         algorithm, metrics = run.engine.take_comm_seconds()

@@ -39,7 +39,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..engines.ledger import BYTES_PER_VALUE
+from ..engines.ledger import row_bytes
 from ..registry import ConfigError
 from ..rng import host_stream
 from ..topology import Mixing, Topology
@@ -189,4 +189,4 @@ class ADPSGDOptions(GraphOptions):
                      help="asynchronous decentralized SGD: pairwise averages with one random neighbour on each "
                           "worker's own clock (Lian et al. 2018)")
 def _ad_psgd(cfg, ctx: Context) -> ADPSGD:
-    return ADPSGD(build_graph(cfg), cfg.seed, Timing.of(ctx.clock, ctx.X.shape[1] * BYTES_PER_VALUE))
+    return ADPSGD(build_graph(cfg), cfg.seed, Timing.of(ctx.clock, row_bytes(ctx.X)))

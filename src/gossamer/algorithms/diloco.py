@@ -135,7 +135,7 @@ class DiLoCo(Schedule):
             for i, rows in enumerate(self.shared_state):
                 engine.allreduce_mean_(rows, f"state/{i}")
         # the fragment travels while the next τ steps compute (at most until the next send)
-        with engine.comm.running_behind(min(self.delay, self.local_steps // len(self.fragments))):
+        with engine.comm.overlapping(behind=min(self.delay, self.local_steps // len(self.fragments))):
             if self.compressors is not None:
                 codec = self.compressors[j]
                 messages = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows))

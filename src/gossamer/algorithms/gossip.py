@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..consensus import ConsensusConfig, Controller, FrequencyControl, build_target
+from ..engines.ledger import CONTROL, METRICS
 from ..faults import REJOIN_MODES
 from ..registry import ConfigError, positive_ints
 from ..topology import TOPOLOGIES, Mixing, Topology, build_topology, spectral_gap
@@ -128,9 +129,9 @@ class Gossip(Schedule):
         return engine.gossip_(X, g.mixing, measure=measure)
 
     def _bounded_round(self, engine, X: torch.Tensor) -> float:
-        """One gossip round; the bound (2/p)Θ on Ξ that it gives (one scalar all-reduce)."""
+        """One gossip round; the bound (2/p)Θ on Ξ that it gives (one scalar all-gather, control's)."""
         change = self._round(engine, X, measure=True)
-        return local_estimate(engine.mean_scalar(change), self.state.mixing)["consensus_distance_bound"]
+        return local_estimate(engine.mean_scalar(change, level=CONTROL), self.state.mixing)["consensus_distance_bound"]
 
     def _gossip(self, engine, X: torch.Tensor, step: Step) -> None:
         """The step's gossip round; under frequency control, Ξ² probed just before it."""
@@ -160,8 +161,8 @@ class Gossip(Schedule):
                 self._gossip(engine, X, step)
             estimating = self._estimating()
             estimate = None
-            if step.measure or estimating:
-                estimate = local_estimate(engine.mean_scalar(g.change), g.mixing)
+            if step.measure or estimating:  # control's traffic where it decides from Θ
+                estimate = local_estimate(engine.mean_scalar(g.change, level=CONTROL if estimating else METRICS), g.mixing)
             if step.measure:
                 metrics.update(estimate)
             if isinstance(self.control, FrequencyControl):

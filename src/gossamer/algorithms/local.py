@@ -106,13 +106,15 @@ class ModelSync:
 
 
 class AllReduce(Schedule):
-    """Mini-batch SGD (Lin et al.'s baseline): gradients averaged every step, global batch n·B."""
+    """Mini-batch SGD (Lin et al.'s baseline): gradients averaged every step, global batch n·B,
+    the all-reduce running behind the backward pass (bucketed, as DDP does it)."""
 
     def averages_gradients(self, t: int) -> bool:
         return True
 
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
-        engine.allreduce_mean_(G, "gradients")
+        with engine.comm.overlapping(backward=True):
+            engine.allreduce_mean_(G, "gradients")
 
 
 @dataclass

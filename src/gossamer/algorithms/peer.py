@@ -71,7 +71,7 @@ class ChocoSGD(PeerSchedule):
         mixing, union, r = self.topology.mixing(self.rounds), self.topology.union, self.rounds
         own = self.copies[:, 0]  # a view: x̂_i after the update below
         codec = self.compressor.codec
-        received = engine.exchange(self.compressor.compress(X - own, r, engine.rows), union, codec.nbytes())
+        received = engine.exchange(self.compressor.compress(X - own, r, engine.rows), union)
         m, K = received.shape[:2]
         self.copies += codec.decode(received.flatten(0, 1), r).view(m, K, -1)
         weight = mixing.plan(("slot weights", union, X.dtype, X.device, engine.rows), lambda: torch.tensor(

@@ -33,6 +33,7 @@ from typing import Any, Callable, NamedTuple
 import numpy as np
 import torch
 
+from ..engines.ledger import CONTROL, METRICS
 from ..registry import ConfigError, Registry
 
 ALGORITHMS = Registry("algorithm")
@@ -238,12 +239,14 @@ def begin_step(schedule: Schedule, engine, X: torch.Tensor, G: torch.Tensor, t: 
                over: list[int] | None = None) -> tuple[Step, float | None]:
     """The gradient stage of step t, after backward: φ_t² = (1/n) Σ_i ‖g_i‖² (before any averaging;
     over the workers ``over`` that computed, None: all; 0 if none did) and its EMA s_t = β s_{t−1} + (1 − β) φ_t²
-    when the step is measured or the schedule tracks it, the :class:`Step`, then the schedule's
-    ``on_gradients`` (unless ``average`` is False: a DDP all-reduce stands in for it). Returns the
-    step and the new EMA."""
+    when the step is measured or the schedule tracks it (then its scalar all-gather is the
+    schedule's traffic, level ``control``: the gradient consensus target reads it), the
+    :class:`Step`, then the schedule's ``on_gradients`` (unless ``average`` is False: a DDP
+    all-reduce stands in for it). Returns the step and the new EMA."""
     phi_sq = None
     if measure or schedule.tracks_grad_norm:  # no worker computed: no gradient, φ² = 0
-        phi_sq = engine.mean_scalar(G.square().sum(1), over=over) if over != [] else 0.0
+        level = CONTROL if schedule.tracks_grad_norm else METRICS
+        phi_sq = engine.mean_scalar(G.square().sum(1), over=over, level=level) if over != [] else 0.0
         beta = schedule.grad_norm_ema
         grad_norm_sq_ema = phi_sq if grad_norm_sq_ema is None else beta * grad_norm_sq_ema + (1 - beta) * phi_sq
     step = Step(t, lr, phi_sq or 0.0, grad_norm_sq_ema or 0.0, measure)

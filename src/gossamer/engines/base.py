@@ -9,19 +9,24 @@ implements only the primitives, each the minimum a real network must do:
   combined by :func:`combine`), into a buffer, X unchanged;
 - ``_exchange(payload, mixing)``: each local worker's messages from the workers in its slots of
   W (its neighbours; slot 0 itself), [m, K, ...]: what a worker needs to keep copies of them;
-- ``_all_gather(payload, size)``: every member's byte message of each group that holds rows here;
-- ``_rows_mean(T, workers)``: the mean of the rows of the given workers (global indices; None:
-  all), on every process: x̄, and what a rejoining worker fetches from its neighbours;
-- ``_gather_scalars(values)``: one value per worker, all n of them in worker order;
+- ``_all_gather(payload, groups)``: every member's message of each group (consecutive blocks,
+  their members seated) that holds rows here;
+- ``_rows_mean(T, workers, over)``: the mean of the rows of the given workers (global indices;
+  None: all), on every process, the workers ``over`` (a group) taking part; ``over`` None: a
+  bookkeeping read that no network would carry (an omniscient attacker's);
+- ``_gather_scalars(values, over)``: one value per worker of the group ``over`` (the others' 0),
+  all n in worker order;
 - ``gather_rows(T)``: the full [n, ...] tensor of a local [m, ...] one, where the run is written;
 - ``_any(flag)``: whether any process's flag is set (to stop or checkpoint together).
 
 This base turns them into the operators that schedules call, records each in the ledger
-``comm`` (:mod:`gossamer.engines.ledger`: what moved, from the operator's real inputs; the
-algorithm's traffic by level, measurement traffic apart) and computes Ξ² and the other metrics
-once for every engine. The workers taking part in a step (``alive``, with faults) are honoured
-by every operator: means over their members, gossip over W with the others' edges dropped
-(``repair``), metrics over them. With Byzantine workers (``adversary``, :mod:`gossamer.byzantine`)
+``comm`` (:mod:`gossamer.engines.ledger`: what moved, from the operator's real inputs — the
+tensors' sizes, the participants; the algorithm's traffic by level, measurement traffic apart;
+an operator whose result an algorithm consumes is given its level, e.g. consensus control's
+probes ``control``) and computes Ξ² and the other metrics once for every engine. The workers
+taking part in a step (``alive``, with faults) are honoured by every operator: means and
+all-gathers over their members, gossip over W with the others' edges dropped (``repair``), a
+neighbour exchange with their links dropped, metrics over them. With Byzantine workers (``adversary``, :mod:`gossamer.byzantine`)
 the all-reduce family's means and gossip rounds run the attack and the robust aggregator over
 the same primitives (``_all_gather`` of the rows, ``_exchange`` with the neighbours), and the
 metrics are over the honest workers. Engines know nothing of algorithms, codecs or files.
@@ -38,8 +43,8 @@ import torch
 
 from ..byzantine import Adversary
 from ..groups import Groups
-from ..topology import Mixing, keep_living
-from .ledger import BYTES_PER_VALUE, METRICS, Ledger, Transfer
+from ..topology import Mixing, from_rows, keep_living
+from .ledger import METRICS, REJOIN, Ledger, Transfer, row_bytes
 
 
 def combine(parts: Iterable[torch.Tensor], weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -55,21 +60,41 @@ def combine(parts: Iterable[torch.Tensor], weight: torch.Tensor, out: torch.Tens
     return out
 
 
+def fetch_mixing(n: int, worker: int, peers: np.ndarray) -> Mixing:
+    """The matrix of a returning worker's fetch: row ``worker`` the mean of its k ``peers``' rows
+    (1/k each), every other row e_i."""
+    share = 1.0 / len(peers)
+    return from_rows(n, [{i: 1.0} if i != worker else {worker: 0.0, **{int(j): share for j in peers}}
+                         for i in range(n)])
+
+
 @dataclass
 class Gathered:
-    """The byte messages of every group that holds rows here: ``messages`` [g, size, B] (each
-    group's members in worker order) and ``row_group`` [m], the group of each local row."""
+    """The messages of every group that holds rows here: ``messages`` [g, size, B] (each group's
+    seats in worker order), ``row_group`` [m], the group of each local row, and ``member``
+    [g, size] (None: every seat), which seats hold a member who sent (a gone worker sends
+    nothing: its seat is zeros)."""
 
     messages: torch.Tensor
     row_group: torch.Tensor
+    member: torch.Tensor | None = None
 
     def per_group(self, combine) -> torch.Tensor:
-        """Per local row, its group's messages combined: ``combine`` [g, size, B] → [g, d]; [m, d]."""
+        """Per local row, its group's messages combined: ``combine`` [g, size, B] → [g, d]; [m, d].
+        Every seat must hold a member (a combine of its own reads all of them)."""
+        if self.member is not None and not bool(self.member.all()):
+            raise ValueError("this aggregate combines every member's message: a group with a gone member has none "
+                             "to give (use a mean over the members, Gathered.mean)")
         return combine(self.messages)[self.row_group]
 
     def mean(self, decode) -> torch.Tensor:
-        """Per local row, the mean over its group of the decoded messages: [m, d]."""
-        return self.per_group(lambda M: decode(M.flatten(0, 1)).view(M.shape[0], M.shape[1], -1).mean(1))
+        """Per local row, the mean over its group's members of the decoded messages: [m, d]."""
+        g, size = self.messages.shape[:2]
+        decoded = decode(self.messages.flatten(0, 1)).view(g, size, -1)
+        if self.member is None:
+            return decoded.mean(1)[self.row_group]
+        member = self.member.to(decoded.dtype).unsqueeze(-1)
+        return (decoded * member).sum(1).div_(member.sum(1).clamp(min=1))[self.row_group]
 
 
 class Engine:
@@ -89,6 +114,7 @@ class Engine:
         self._among: dict = {}  # the groups and mixings of this step's living workers, by source
         self._measured_rows: dict = {}  # device → the ids of the workers the metrics are over
         self.adversary = None  # Byzantine workers, their attack and the robust aggregator
+        self.wire = None  # a WireTap (engines.wire): what this process hands torch.distributed, checked per transfer
 
     @property
     def adversary(self) -> Adversary | None:
@@ -111,19 +137,28 @@ class Engine:
             self._measured_rows.clear()
         self.alive, self.repair = alive, repair
 
-    def living(self, source: Groups | Mixing) -> Groups | Mixing:
+    def living(self, source: Groups | Mixing, repair: Callable[[Mixing, np.ndarray], Mixing] | None = None
+               ) -> Groups | Mixing:
         """``source`` among the living workers (what an operator on it runs over): groups' gone
-        members unseated, W repaired; itself when all are alive."""
+        members unseated, W repaired (by ``repair``, default the run's); itself when all are alive."""
         if self.alive is None:
             return source
-        key = id(source)
+        repair = repair or self.repair
+        key = (id(source), repair)
         if key not in self._among or self._among[key][0] is not source:
             while len(self._among) >= 16:  # a step's few operators; static sources come back every step
                 self._among.pop(next(iter(self._among)))
-            living = source.among(self.alive) if isinstance(source, Groups) else self.repair(source, self.alive)
+            living = source.among(self.alive) if isinstance(source, Groups) else repair(source, self.alive)
             self._among[key] = (source, living)
-            self._among[id(living)] = (living, living)  # an operator handed the result runs it as it is
+            self._among[(id(living), repair)] = (living, living)  # an operator handed the result runs it as it is
         return self._among[key][1]
+
+    def _record(self, transfer: Transfer) -> None:
+        """Count ``transfer`` (its primitive has just moved the data) and, with a wire tap, check
+        what that primitive handed to torch.distributed against it."""
+        self.comm.record(transfer)
+        if self.wire is not None:
+            self.wire.check(transfer)
 
     def _measured(self) -> np.ndarray | None:
         """The workers the metrics are over (bool [n]): the living honest ones; None: all."""
@@ -151,7 +186,7 @@ class Engine:
         mean, every other row unchanged. A ring all-reduce of d values within each group."""
         groups = self.living(groups)
         self._groups_mean_(X, groups)
-        self.comm.record(Transfer("allreduce", X.shape[1] * BYTES_PER_VALUE, level, groups=groups))
+        self._record(Transfer("allreduce", row_bytes(X), level, groups=groups))
 
     def allreduce_mean_(self, X: torch.Tensor, site: str = "rows") -> None:
         """Exact average: every (living) row becomes the mean of the (living) rows, in place. With
@@ -186,7 +221,9 @@ class Engine:
                 self._craft_rows_(X, size)
             self.groups_mean_(X, groups, level)
             return
-        gathered = self._all_gather(X.contiguous(), size)
+        if self.alive is not None:
+            raise ValueError("a robust aggregator reads every worker's message: Byzantine workers do not run with faults")
+        gathered = self._all_gather(X.contiguous(), groups)
         local = torch.arange(self.m, device=X.device)
         first = torch.full((gathered.messages.shape[0],), self.m, device=X.device).scatter_reduce_(
             0, gathered.row_group, local, "amin")  # a local row of each gathered block
@@ -195,7 +232,7 @@ class Engine:
         values = adversary.aggregate(gathered.messages, members, site, first)[gathered.row_group]
         X.copy_(values)
         adversary.keep_center(site, X, values)
-        self.comm.record(Transfer("allgather", X.shape[1] * BYTES_PER_VALUE, level, groups=groups))
+        self._record(Transfer("allgather", row_bytes(X), level, groups=groups))
 
     def _craft_rows_(self, X: torch.Tensor, size: int) -> None:
         """The local Byzantine rows of X ← their attack's message, from the honest rows of their block
@@ -209,17 +246,18 @@ class Engine:
         block_of = torch.arange(self.rows.start, self.rows.stop, device=X.device) // size
         # a block of Byzantine workers only has nobody to deceive and nothing to imitate: left out
         for block, workers in adversary.honest_blocks(size, X.device):
-            mu = self._rows_mean(X, workers)
+            mu = self._rows_mean(X, workers, None)
             sigma = None
             if adversary.cfg.attack == "alie":
                 h = len(workers)
-                sigma = (self._rows_mean((X - mu).square(), workers) * (h / max(h - 1, 1))).sqrt()
+                sigma = (self._rows_mean((X - mu).square(), workers, None) * (h / max(h - 1, 1))).sqrt()
             X[byzantine & (block_of == block)] = adversary.message(mu, sigma)
 
-    def recorded_allreduce(self, d: int) -> None:
-        """An all-reduce of d values that ran outside the engine (DDP's, of the gradients), recorded
-        as the one :meth:`allreduce_mean_` runs."""
-        self.comm.record(Transfer("allreduce", d * BYTES_PER_VALUE, "global", groups=self.living(self._everyone)))
+    def recorded_allreduce(self, d: int, value_bytes: int) -> None:
+        """An all-reduce of d values of ``value_bytes`` each that ran outside the engine (DDP's, of
+        the gradients, during the backward pass), recorded as the one :meth:`allreduce_mean_` runs."""
+        self.comm.record(Transfer("allreduce", d * value_bytes, "global", groups=self.living(self._everyone),
+                                  backward=True))
 
     def gossip_(self, X: torch.Tensor, mixing: Mixing, measure: bool = False,
                 initiator: int | None = None) -> torch.Tensor | None:
@@ -240,8 +278,7 @@ class Engine:
         mixed = self._mixed(X, mixing) if self.adversary is None else self._robust_mixed(X, mixing)
         change = (mixed - X).square().sum(1) if measure else None
         X.copy_(mixed)
-        self.comm.record(Transfer("gossip", X.shape[1] * BYTES_PER_VALUE, "gossip", mixing=mixing,
-                                  initiator=initiator))
+        self._record(Transfer("gossip", row_bytes(X), "gossip", mixing=mixing, initiator=initiator))
         return change
 
     def _robust_mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
@@ -253,48 +290,87 @@ class Engine:
             torch.arange(self.rows.start, self.rows.stop, device=X.device)))
         return self.adversary.gossip(X, self._exchange(X, mixing), senders, weight, receivers)
 
-    def exchange(self, payload: torch.Tensor, mixing: Mixing, nbytes: int) -> torch.Tensor:
-        """Every worker's message (its row of ``payload`` [m, ...], ``nbytes`` on the wire) to each
-        worker that has it in a slot of W. Returns, per local worker i, the messages of the
-        workers in its slots, [m, K, ...] (slot k: worker ``mixing.index[k, i]``; slot 0: i's own).
-        Recorded as a gossip round of ``nbytes`` to each peer."""
+    def exchange(self, payload: torch.Tensor, mixing: Mixing, nbytes: int | None = None) -> torch.Tensor:
+        """Every worker's message (its row of ``payload`` [m, ...]: its bytes are what travels) to
+        each worker that has it in a slot of W with a weight ≠ 0. Returns, per local worker i, the
+        messages of the workers in its slots, [m, K, ...] (slot k: worker ``mixing.index[k, i]``;
+        slot 0: i's own; a slot of weight 0 — padding, a link to a gone worker, whose links are
+        dropped — receives nothing: zeros). Recorded as a gossip round of one message to each peer.
+
+        ``nbytes`` (optional) is checked, not trusted: it must be the bytes of a row of ``payload``."""
+        sent = row_bytes(payload)
+        if nbytes is not None and nbytes != sent:
+            raise ValueError(f"engine.exchange: nbytes={nbytes} but each worker's message (its row of the payload) is "
+                             f"{sent} bytes, {sent - nbytes:+} more; leave nbytes out: the engine counts the tensors "
+                             f"that move")
+        mixing = self.living(mixing, keep_living)
         received = self._exchange(payload, mixing)
-        self.comm.record(Transfer("gossip", nbytes, "gossip", mixing=mixing))
+        unused = mixing.plan(("unused slots", payload.device, self.rows), lambda: _unused_slots(mixing, self.rows,
+                                                                                             payload.device))
+        if unused is not None:
+            received[unused] = 0
+        self._record(Transfer("gossip", sent, "gossip", mixing=mixing))
         return received
 
     def all_gather(self, payload: torch.Tensor, block_size: int | None = None) -> Gathered:
-        """Every worker's byte message (uint8 [m, B]) to every member of its group: all n workers,
-        or its block of ``block_size`` consecutive workers. A ring all-gather of B bytes."""
+        """Every (living) worker's message (its row of ``payload`` [m, B], e.g. a codec's bytes) to
+        every (living) member of its group: all n workers, or its block of ``block_size``
+        consecutive workers. A ring all-gather of one row's bytes. A gone worker receives nothing:
+        what its rows of a combination of the messages hold is not defined."""
         size = block_size or self.n
-        gathered = self._all_gather(payload.contiguous(), size)
-        groups = self._everyone if size == self.n else Groups.blocks(self.n, size)
-        self.comm.record(Transfer("allgather", payload.shape[1], "block" if block_size else "global", groups=groups))
+        groups = self.living(self._everyone if size == self.n else self._block_groups_of(size))
+        gathered = self._all_gather(payload.contiguous(), groups)
+        self._record(Transfer("allgather", row_bytes(payload), "block" if block_size else "global", groups=groups))
         return gathered
 
-    # ------------------------------------------------------------------ measurement (counted apart)
+    def fetch_(self, tensors: list[torch.Tensor], worker: int, peers: np.ndarray) -> None:
+        """A returning worker's fetch (faults' ``rejoin: neighbours``): its row of each of
+        ``tensors`` (local rows [m, ...], one dtype) ← the mean of the rows of its ``peers`` (global
+        indices), every peer sending it one message of all of them: a gossip round of
+        :func:`fetch_mixing`, level ``rejoin``. Every process takes part."""
+        tensors = [T for T in tensors if T[0].numel()]  # a model without buffers has none to send
+        if len({T.dtype for T in tensors}) > 1:
+            raise ValueError(f"fetch_: the tensors travel as one message of one dtype, got "
+                             f"{sorted({str(T.dtype) for T in tensors})}")
+        mixing = fetch_mixing(self.n, worker, peers)
+        flat = [T.reshape(T.shape[0], -1) for T in tensors]
+        joined = torch.cat(flat, 1)
+        mixed = self._mixed(joined, mixing)
+        if worker in self.rows:
+            here = worker - self.rows.start
+            for T, part in zip(tensors, mixed[here].split([f.shape[1] for f in flat])):
+                T[here] = part.view(T.shape[1:])
+        self._record(Transfer("gossip", row_bytes(joined), REJOIN, mixing=mixing))
 
-    def mean_row(self, X: torch.Tensor) -> torch.Tensor:
-        """x̄ = (1/n) Σ_i x_i over all (living, honest) workers, without changing X: an all-reduce of d values."""
+    # ------------------------------------------------------------------ measurement (counted apart unless an algorithm reads it)
+
+    def mean_row(self, X: torch.Tensor, level: str = METRICS) -> torch.Tensor:
+        """x̄ = (1/n) Σ_i x_i over all (living, honest) workers, without changing X: an all-reduce of
+        d values among the living (``level``: measurement, unless an algorithm reads it)."""
         everyone = self.living(self._everyone)
-        self.comm.record(Transfer("allreduce", X.shape[1] * BYTES_PER_VALUE, METRICS, groups=everyone))
         measured = self._measured()
         if measured is not None and X.device not in self._measured_rows:
             self._measured_rows[X.device] = torch.as_tensor(np.flatnonzero(measured), device=X.device)
-        return self._rows_mean(X, None if measured is None else self._measured_rows[X.device])
+        mean = self._rows_mean(X, None if measured is None else self._measured_rows[X.device], everyone)
+        self._record(Transfer("allreduce", row_bytes(X), level, groups=everyone))
+        return mean
 
-    def mean_scalar(self, values: torch.Tensor, over: Sequence[int] | None = None) -> float:
+    def mean_scalar(self, values: torch.Tensor, over: Sequence[int] | None = None, level: str = METRICS) -> float:
         """Mean over all n workers (or the workers ``over``, global indices) of a per-worker scalar
         (local values [m]; a worker outside ``over`` gives any value), in worker order; of them,
-        only the living honest ones. An all-gather of one value per worker."""
-        self.comm.record(Transfer("allgather", BYTES_PER_VALUE, METRICS, groups=self.living(self._everyone)))
-        gathered = self._gather_scalars(values)
+        only the living honest ones. An all-gather of one value per living worker (``level``:
+        measurement, unless an algorithm decides from it: consensus control's ``control``)."""
+        everyone = self.living(self._everyone)
+        gathered = self._gather_scalars(values, everyone)
+        self._record(Transfer("allgather", values.element_size(), level, groups=everyone))
         over = self._measured_ids(over)
         return (gathered if over is None else gathered[list(over)]).mean().item()
 
-    def consensus_distance_sq(self, X: torch.Tensor) -> float:
-        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖² (over the living honest workers)."""
-        diff = torch.sub(X, self.mean_row(X), out=self._scratch_like(X))
-        return self.mean_scalar(diff.square_().sum(1))
+    def consensus_distance_sq(self, X: torch.Tensor, level: str = METRICS) -> float:
+        """Ξ² = (1/n) Σ_i ‖x_i − x̄‖² (over the living honest workers): x̄'s all-reduce and a scalar
+        all-gather, at ``level`` (measurement, unless an algorithm decides from it)."""
+        diff = torch.sub(X, self.mean_row(X, level), out=self._scratch_like(X))
+        return self.mean_scalar(diff.square_().sum(1), level=level)
 
     def distance_sq_per_tensor(self, X: torch.Tensor, slots) -> dict[str, float]:
         """Ξ² restricted to each parameter tensor (the per-layer consensus distance)."""
@@ -302,11 +378,6 @@ class Engine:
         return {s.name: per_coordinate[s.offset : s.offset + s.numel].sum().item() for s in slots}
 
     # ------------------------------------------------------------------ bookkeeping (not counted)
-
-    def rows_mean(self, T: torch.Tensor, workers: torch.Tensor) -> torch.Tensor:
-        """The mean of the rows of ``workers`` (global indices) of a local [m, ...] tensor, on every
-        process: what a rejoining worker fetches from its neighbours (faults; not recorded)."""
-        return self._rows_mean(T, workers)
 
     def any_worker(self, flags: torch.Tensor) -> bool:
         """Whether any worker of any process raised its flag (local bools [m]): every process
@@ -341,13 +412,13 @@ class Engine:
     def _exchange(self, payload: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         raise NotImplementedError
 
-    def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
+    def _all_gather(self, payload: torch.Tensor, groups: Groups) -> Gathered:
         raise NotImplementedError
 
-    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None) -> torch.Tensor:
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None, over: Groups | None) -> torch.Tensor:
         raise NotImplementedError
 
-    def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
+    def _gather_scalars(self, values: torch.Tensor, over: Groups) -> torch.Tensor:
         raise NotImplementedError
 
     def gather_rows(self, T: torch.Tensor) -> torch.Tensor | None:
@@ -362,3 +433,10 @@ class Engine:
         if s is None or s.shape != X.shape or s.dtype != X.dtype or s.device != X.device:
             self._scratch = torch.empty_like(X)
         return self._scratch
+
+
+def _unused_slots(mixing: Mixing, rows: range, device: torch.device) -> torch.Tensor | None:
+    """Which of the local workers' slots but their own have weight 0 (bool [m, K]; None: none)."""
+    unused = mixing.weight[:, rows.start : rows.stop].T == 0
+    unused[:, 0] = False
+    return torch.as_tensor(unused, device=device) if unused.any() else None

@@ -5,28 +5,36 @@ Process r holds the global workers ``rows = range(r·m, (r+1)·m)``, m = n/P, as
 counts and metrics of :class:`~gossamer.engines.base.Engine` are the simulator's (and
 ``summary.json`` matches), and move only what a real network must move:
 
-- group mean: one ``all_reduce`` of the local row sum (d values), divided by the group size; a
-  block inside one process needs nothing; a block spanning processes is an ``all_reduce`` over a
-  process subgroup (created once per block size, in the same order on every rank, as
-  ``dist.new_group`` requires);
+- group mean (consecutive blocks, Moshpit's grid lines, ``groups:G``'s partitions, any
+  :class:`~gossamer.groups.Groups`): for each group, one ``all_reduce`` of the sum of its members'
+  local rows (d values) among the processes that hold members, divided by the members; a group
+  inside one process needs nothing. The process subgroups are made once per set of processes,
+  every rank asking for the same ones in the same order, as ``dist.new_group`` requires;
 - gossip: the rows that neighbours need, point to point (``batch_isend_irecv``, one message per
   peer process), then the simulator's :func:`~gossamer.engines.base.combine` over own rows followed by the
   received rows; ``sent`` counts what this process actually sent; a neighbour exchange of
-  messages (CHOCO-SGD's compressed changes) moves the same rows of its payload instead;
-- all-gather of byte messages: ``all_gather`` inside each group spanning processes;
+  messages (CHOCO-SGD's compressed changes) moves the same rows of its payload instead, and a
+  returning worker's fetch is such a round;
+- all-gather of messages: one ``all_gather`` per block among the processes that hold its
+  members, each process's share padded to the largest;
 - x̄ and scalar means: an all-reduce of the row sum and an all-gather of one scalar per worker,
   averaged in global worker order (as the simulator does).
 
 With faults (``alive``), every process knows who is alive (the fault state is drawn from the
-seed alike everywhere): a group mean over the living is an all-reduce of the sum of the local
-living rows, divided by the group's living count, written to the living rows only; x̄ over the
-living, and the mean of a rejoining worker's neighbours, an all-reduce of the sum of the local
-rows among them. A gone worker's row of a repaired W is e_i and no living worker reads it, so
-gossip sends it nothing and it sends nothing.
+seed alike everywhere), and only the processes that hold living members of a group take part in
+its collective: a mean over the living is an all-reduce of the sum of the local living rows
+among them, divided by the group's living count, written to the living rows only. A process
+whose workers are all gone still needs x̄ and the metrics (it writes or evaluates the run): it
+gets them by a broadcast that is bookkeeping, not traffic. A gone worker's row of a repaired W
+is e_i and no living worker reads it, so gossip sends it nothing and it sends nothing.
+
+What each call site hands torch.distributed passes through :meth:`_hand` to the wire tap
+(:mod:`gossamer.engines.wire`), where it is checked against each transfer the ledger records.
 
 With ``timed``, the wall time spent in the collectives of the algorithm's operators and of
-measurement is kept apart (:meth:`take_comm_seconds`): the communication a real network took,
-next to what the time model of :mod:`gossamer.network` predicts. Bookkeeping is not timed.
+measurement is kept apart (:meth:`take_comm_seconds`, by the level of the transfer each
+collective belongs to): the communication a real network took, next to what the time model of
+:mod:`gossamer.network` predicts. Bookkeeping is not timed.
 
 Failures (:mod:`gossamer.engines.failures`): every collective waits at most ``timeout`` seconds;
 a lost peer raises :class:`PeerLost` with one line naming it.
@@ -51,6 +59,8 @@ from ..groups import Groups
 from ..topology import Mixing
 from .base import Engine, Gathered, combine
 from .failures import PeerLost, Watchdog
+from .ledger import METRICS, Transfer
+from .wire import WireTap
 
 
 @dataclass
@@ -193,43 +203,53 @@ class DistEngine(Engine):
         self.is_root = self.rank == 0
         self.sent = WireStats()  # what this process actually sent point to point
         self._block_plans: dict[int, list] = {}
+        self._subgroups: dict[tuple[int, ...], object] = {}  # process subgroups by their ranks
+        self._plans = object()  # the key of this engine's plans kept on groups
         self._broken = False
         self.timed = timed
-        self._seconds = {"algorithm": 0.0, "metrics": 0.0}
+        self._seconds = {"algorithm": 0.0, METRICS: 0.0}
+        self._pending = 0.0  # seconds of the collectives since the last transfer was recorded
+        self.wire = WireTap.from_env(n, self.world, self.rank)
         self._watch = Watchdog(self.rank, self.world, self._beat_interval, self._window)
 
     # ------------------------------------------------------------------ primitives
 
     def _groups_mean_(self, X: torch.Tensor, groups: Groups) -> None:
-        """Consecutive blocks: an all-reduce of the sum of the local members' rows (over the
-        block's process subgroup, nothing when the block lies here), divided by the members;
-        any other groups: a gossip round of their averaging matrix (:meth:`Groups.mixing`)."""
-        if not groups.consecutive:
-            X.copy_(self._mixed(X, groups.mixing))
+        """Each group's members' rows ← their mean: the sum of the local members' rows, all-reduced
+        among the processes holding members (nothing when one holds them all), over the members.
+        Consecutive blocks of all workers (nodes) as views of the rows."""
+        if groups.consecutive and groups.member is None:
+            for local, group, ranks in self._blocks(groups.size):
+                part = X[local]
+                if group is None:  # the whole block is here
+                    part.copy_(part.mean(0, keepdim=True).expand_as(part))
+                    continue
+                total = part.sum(0)
+                self._all_reduce(total, group, ranks)
+                part.copy_((total / groups.size).expand_as(part))
             return
-        size = groups.size
-        for local, group, _ in self._blocks(size):
-            part = X[local]
-            if groups.member is None and group is None:  # the whole block is here
-                part.copy_(part.mean(0, keepdim=True).expand_as(part))
-                continue
-            first = (self.rows.start + local.start) // size * size  # the block's first worker
-            member = None if groups.member is None else torch.tensor(
-                groups.member[self.rows.start + local.start : self.rows.start + local.stop], device=X.device)[:, None]
-            total = part.sum(0) if member is None else part.mul(member).sum(0)
-            if group is not None:
-                self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True),
-                          timed="algorithm")
-            count = size if member is None else max(1, int(groups.member[first : first + size].sum()))
-            part.copy_((total / count).expand_as(part) if member is None else torch.where(member, total / count, part))
+        for members, ranks, group in self._shares(groups):
+            if self.rank in ranks:
+                local = self._local(members, X.device)
+                total = X.index_select(0, local).sum(0)
+                if group is not None:
+                    self._all_reduce(total, group, ranks)
+                X.index_copy_(0, local, (total / len(members)).expand(len(local), -1).contiguous())
 
-    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None) -> torch.Tensor:
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None, over: Groups | None) -> torch.Tensor:
         lo, hi = self.rows.start, self.rows.stop
         total = T.sum(0) if workers is None else T.index_select(0, workers[(workers >= lo) & (workers < hi)] - lo).sum(0)
-        if total.numel():
-            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True),
-                      timed="metrics")
-        return total / (self.n if workers is None else len(workers))
+        count = self.n if workers is None else len(workers)
+        if not total.numel():
+            return total
+        if over is None:  # bookkeeping: every process
+            self._run("all-reduce", lambda: dist.all_reduce(total, group=self.group, async_op=True))
+            return total / count
+        ((_, ranks, group),) = self._shares(over)
+        if group is not None and self.rank in ranks:
+            self._all_reduce(total, group, ranks)
+        self._share(total, ranks)
+        return total / count
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         """Receive the rows this block's workers mix in, then combine: W X for the local rows."""
@@ -250,42 +270,66 @@ class DistEngine(Engine):
         outgoing = [rows.index_select(0, r) for _, r in send]
         ops = [dist.P2POp(dist.isend, buf, self._global(peer), self.group) for (peer, _), buf in zip(send, outgoing)]
         ops += [dist.P2POp(dist.irecv, buf, self._global(peer), self.group) for (peer, _), buf in zip(recv, received)]
+        for (peer, _), buf in zip(send, outgoing):
+            self._hand("send", (peer,), buf)
+        for (peer, _), buf in zip(recv, received):
+            self._hand("recv", (peer,), buf)
         if ops:
             self._run("gossip exchange", lambda: dist.batch_isend_irecv(ops),
-                      peers=sorted({p for p, _ in send} | {p for p, _ in recv}), timed="algorithm")
+                      peers=sorted({p for p, _ in send} | {p for p, _ in recv}), timed=True)
         self.sent.messages += len(outgoing)
         self.sent.values += sum(b.numel() for b in outgoing)
         self.sent.bytes += sum(b.numel() * b.element_size() for b in outgoing)
         return torch.cat([rows, *received]) if received else rows
 
-    def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
-        """Per group holding rows here: every member's rows of it (padded to the largest share)."""
-        messages, row_group = [], torch.empty(self.m, dtype=torch.long, device=payload.device)
-        for g, (local, group, counts) in enumerate(self._blocks(size)):
-            row_group[local] = g
-            if group is None:
-                messages.append(payload[local])
-                continue
-            mine = torch.zeros(max(counts), payload.shape[1], dtype=payload.dtype, device=payload.device)
-            mine[: local.stop - local.start] = payload[local]
-            parts = [torch.empty_like(mine) for _ in counts]
-            self._run("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True),
-                      timed="algorithm")
-            messages.append(torch.cat([p[:c] for p, c in zip(parts, counts)]))
-        return Gathered(torch.stack(messages), row_group)
+    def _all_gather(self, payload: torch.Tensor, groups: Groups) -> Gathered:
+        """Per block holding rows here: its members' rows, gathered among the processes that hold
+        members (each share padded to the largest); a gone member's seat zeros."""
+        size = groups.size
+        shares = {int(share[0][0]) // size: share for share in self._shares(groups)}  # by block
+        first, last = self.rows.start // size, (self.rows.stop - 1) // size
+        messages = torch.zeros(last - first + 1, size, payload.shape[1], dtype=payload.dtype, device=payload.device)
+        for b in range(first, last + 1):
+            members, ranks, group = shares.get(b, (None, (), None))
+            if self.rank not in ranks:
+                continue  # its rows here are gone: they receive nothing
+            for ids, part in self._gathered(payload, members, ranks, group):
+                messages[b - first, torch.as_tensor(ids - b * size, device=payload.device)] = part
+        row_group = (torch.arange(self.rows.start, self.rows.stop, device=payload.device) // size) - first
+        member = None if groups.member is None else torch.tensor(
+            groups.member[first * size : (last + 1) * size], device=payload.device).view(-1, size)
+        return Gathered(messages, row_group, member)
 
-    def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
-        return self.gather_rows(values.to(self.device), everywhere=True, timed="metrics")
+    def _gather_scalars(self, values: torch.Tensor, over: Groups) -> torch.Tensor:
+        """One value per member of ``over`` (a gone worker's 0), all n in worker order: an all-gather
+        among the processes that hold members (each share padded to the largest)."""
+        values = values.to(self.device)
+        ((members, ranks, group),) = self._shares(over)
+        full = torch.zeros(self.n, dtype=values.dtype, device=self.device)
+        if self.rank in ranks:
+            for ids, part in self._gathered(values, members, ranks, group):
+                full[torch.as_tensor(ids, device=self.device)] = part
+        self._share(full, ranks)
+        return full
 
-    def gather_rows(self, T: torch.Tensor, everywhere: bool = False, timed: str | None = None) -> torch.Tensor | None:
-        """The full [n, ...] tensor of a local [m, ...] one, in worker order: on rank 0 (or every
-        rank; ``timed`` as in :meth:`_run`)."""
+    def _gathered(self, rows: torch.Tensor, members: np.ndarray, ranks: tuple[int, ...], group) -> list:
+        """(global ids, their rows) of each process's ``members`` of one group: this process's rows
+        of ``rows`` [m, ...] all-gathered among the processes ``ranks`` that hold members, each
+        share padded to the largest (nothing moves when this process holds them all)."""
+        held = [members[members // self.m == q] for q in ranks]
+        mine = rows.new_zeros(max(map(len, held)), *rows.shape[1:])
+        mine[: len(held[ranks.index(self.rank)])] = rows[self._local(members, rows.device)]
+        parts = [mine]
+        if group is not None:
+            parts = [torch.empty_like(mine) for _ in ranks]
+            self._hand("all_gather", ranks, mine)
+            self._run("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True), timed=True)
+        return [(ids, part[: len(ids)]) for ids, part in zip(held, parts)]
+
+    def gather_rows(self, T: torch.Tensor) -> torch.Tensor | None:
+        """The full [n, ...] tensor of a local [m, ...] one, in worker order, on rank 0 (bookkeeping)."""
         T = T.contiguous()
         parts = [torch.empty_like(T) for _ in range(self.world)]
-        if everywhere:
-            self._run("all-gather", lambda: dist.all_gather(parts, T, group=self.group, async_op=True),
-                      timed=timed)
-            return torch.cat(parts)
         gather_list = parts if self.rank == 0 else None
         self._run("gather", lambda: dist.gather(T, gather_list, dst=self._global(0), group=self.group,
                                                 async_op=True))
@@ -332,6 +376,10 @@ class DistEngine(Engine):
         destroyed at exit."""
         self._watch.stop()
         self._block_plans.clear()
+        self._subgroups.clear()
+        self._plans = object()
+        if self.wire is not None:
+            self.wire.write()
         if self._owns_group and not self._broken:
             atexit.unregister(_destroy_group)  # once
             atexit.register(_destroy_group)
@@ -339,17 +387,41 @@ class DistEngine(Engine):
     # ------------------------------------------------------------------ internals
 
     def take_comm_seconds(self) -> tuple[float, float]:
-        seconds = (self._seconds["algorithm"], self._seconds["metrics"])
+        seconds = (self._seconds["algorithm"], self._seconds[METRICS])
         self._seconds = dict.fromkeys(self._seconds, 0.0)
         return seconds
 
-    def _run(self, what: str, start, peers: list[int] | None = None, timed: str | None = None) -> None:
-        """Start a communication op and wait for it at most the op timeout; failures
-        → PeerLost. ``timed`` ("algorithm" or "metrics"): add its wall time there when the engine
+    def _record(self, transfer: Transfer) -> None:
+        """The ledger's record, and the wall time of the transfer's collectives by its level."""
+        super()._record(transfer)
+        self._seconds[METRICS if transfer.level == METRICS else "algorithm"] += self._pending
+        self._pending = 0.0
+
+    def _hand(self, kind: str, ranks: tuple[int, ...], tensor: torch.Tensor) -> None:
+        """What a call site hands torch.distributed: ``kind`` (all_reduce, all_gather, send, recv)
+        with the processes ``ranks`` (a collective's group, a message's peer), to the wire tap."""
+        if self.wire is not None:
+            self.wire.hand(kind, ranks, tensor.numel() * tensor.element_size())
+
+    def _all_reduce(self, total: torch.Tensor, group, ranks: tuple[int, ...]) -> None:
+        """Sum ``total`` (in place) over the processes ``ranks`` (their subgroup ``group``)."""
+        if total.numel():
+            self._hand("all_reduce", ranks, total)
+            self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True), timed=True)
+
+    def _share(self, result: torch.Tensor, ranks: tuple[int, ...]) -> None:
+        """Every process ← ``result`` of the processes ``ranks`` that computed it, where some did
+        not take part (all their workers are gone): bookkeeping, not traffic."""
+        if len(ranks) < self.world:
+            self.broadcast_(result, src=ranks[0])
+
+    def _run(self, what: str, start, peers: list[int] | None = None, timed: bool = False) -> None:
+        """Start a communication op and wait for it at most the op timeout; failures → PeerLost.
+        ``timed``: its wall time counts, by the level of the transfer it belongs to, when the engine
         is timed."""
         self._watch.ops += 1
         release_works()  # the earlier collectives' works, finished: freed here, before this one starts
-        clock = self.timed and timed is not None
+        clock = self.timed and timed
         try:
             if clock:
                 self._sync()
@@ -361,7 +433,7 @@ class DistEngine(Engine):
                 w.wait(self._op_timeout)
             if clock:
                 self._sync()
-                self._seconds[timed] += time.perf_counter() - began
+                self._pending += time.perf_counter() - began
         except PeerLost:
             raise
         except RuntimeError as e:  # DistBackendError, timeouts, closed connections
@@ -380,26 +452,48 @@ class DistEngine(Engine):
 
     def _blocks(self, size: int) -> list:
         """For each block of ``size`` consecutive workers that holds rows of this process:
-        (local slice, process subgroup or None when the block lies inside this process, rows per member).
+        (local slice, process subgroup or None when the block lies inside this process, its ranks).
 
-        Every rank creates the subgroups of all spanning blocks, in block order, on first use."""
+        Every rank makes the subgroups of all spanning blocks, in block order, on first use."""
         if size not in self._block_plans:
             if self.n % size:
                 raise ValueError(f"block_size {size} must divide workers {self.n}")
             plan = []
             for first in range(0, self.n, size):
                 last = first + size - 1
-                owners = list(range(first // self.m, last // self.m + 1))
-                counts = [min(last, (p + 1) * self.m - 1) - max(first, p * self.m) + 1 for p in owners]
-                group = None
-                if len(owners) > 1:
-                    whole = self.group if self.group is not None else dist.group.WORLD
-                    group = whole if len(owners) == self.world else self._new_group(owners)
-                if self.rank in owners:
+                ranks = tuple(range(first // self.m, last // self.m + 1))
+                group = self._subgroup(ranks) if len(ranks) > 1 else None
+                if self.rank in ranks:
                     lo, hi = max(first, self.rows.start), min(last + 1, self.rows.stop)
-                    plan.append((slice(lo - self.rows.start, hi - self.rows.start), group, counts))
+                    plan.append((slice(lo - self.rows.start, hi - self.rows.start), group, ranks))
             self._block_plans[size] = plan
         return self._block_plans[size]
+
+    def _shares(self, groups: Groups) -> list[tuple[np.ndarray, tuple[int, ...], object]]:
+        """Per group with a member, in group order: (its members, ascending; the ranks of the
+        processes that hold them; their subgroup, None for one process). Every rank makes the
+        subgroups of all groups, in order, once per groups (kept on them)."""
+        def build():
+            shares = []
+            for r in range(groups.count):
+                members = np.sort(groups.members(r))
+                if len(members):
+                    ranks = tuple(np.unique(members // self.m).tolist())
+                    shares.append((members, ranks, self._subgroup(ranks) if len(ranks) > 1 else None))
+            return shares
+        return groups.plan(("dist shares", self._plans), build)
+
+    def _local(self, members: np.ndarray, device: torch.device) -> torch.Tensor:
+        """The local rows of the ``members`` held here."""
+        mine = members[(members >= self.rows.start) & (members < self.rows.stop)] - self.rows.start
+        return torch.as_tensor(mine, device=device)
+
+    def _subgroup(self, ranks: tuple[int, ...]):
+        """The process group of ``ranks`` (ranks of this engine's group), made on first use."""
+        if ranks not in self._subgroups:
+            whole = self.group if self.group is not None else dist.group.WORLD
+            self._subgroups[ranks] = whole if len(ranks) == self.world else self._new_group(list(ranks))
+        return self._subgroups[ranks]
 
     def _new_group(self, ranks: list[int]):
         try:

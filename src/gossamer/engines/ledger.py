@@ -1,28 +1,35 @@
 """What moved: one ledger of every operator's traffic, recorded where it moves; the communication
 counters and the simulated clock read only this.
 
-An operator records a :class:`Transfer` from its real inputs — the groups that averaged, the
-round's W (repaired for the workers taking part), the message size — and a step's computation a
-:class:`Compute` of the workers that computed. Per worker (means over all n workers, a gone or
-idle worker sending nothing):
+An operator records a :class:`Transfer` from its real inputs — the groups that averaged (their
+living members), the round's W (repaired for the workers taking part), the size of the tensors
+that travel (their dtype's width: 4 bytes a value in float32 runs, 8 in float64 ones, a codec's
+encoded bytes) — and a step's computation a :class:`Compute` of the workers that computed. Per
+worker (means over all n workers, a gone or idle worker sending nothing):
 
 - a ring all-reduce of b bytes within a group of g sends 2(g − 1)/g · b bytes in 2(g − 1)
   messages from each member;
 - a ring all-gather of one b-byte message per member sends (g − 1) · b bytes in g − 1 messages;
 - a gossip round sends worker j's b bytes to every i ≠ j with W_ij ≠ 0 (what i mixes in or
-  copies).
+  copies); a rejoining worker's fetch is one: each living neighbour's rows to it.
 
 The algorithm's own traffic (``rounds``, ``messages_per_worker``, ``bytes_per_worker`` and their
-split by level) is kept apart from measurement traffic (``bytes_per_worker_metrics``: x̄ and Ξ²,
-scalar means for the rows, consensus control's probes), which a deployment that does not
-measure would not pay. After :meth:`Ledger.record`, every entry is also kept until
-:meth:`Ledger.take` (the clock prices the step's entries in order); entries are not state.
+split by level: :data:`LEVELS`) is everything an algorithm consumes — its averages and gossip
+rounds, and also the scalars and probes it decides from (consensus control's Ξ², Θ² and φ²,
+level ``control``) and a returning worker's fetch (level ``rejoin``). Measurement traffic
+(``bytes_per_worker_metrics``: x̄, Ξ² and scalar means for the rows and evaluations, which
+nothing reads but the user) is kept apart: a deployment that does not measure would not pay it.
+A transfer also says what computation it runs behind (``backward``, ``behind``), for the clock.
+After :meth:`Ledger.record`, every entry is also kept until :meth:`Ledger.take` (the clock prices
+the step's entries in order); entries are not state. :mod:`gossamer.engines.wire` checks the
+ledger against what real processes hand to torch.distributed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -30,8 +37,9 @@ import numpy as np
 
 from ..groups import Groups
 
-BYTES_PER_VALUE = 4  # float32 on the wire (float64 runs are counted as float32 too)
-LEVELS = ("global", "block", "gossip")  # all-reduce of all workers, inside groups, gossip rounds
+CONTROL, REJOIN = "control", "rejoin"
+# all-reduce of all workers, inside groups, gossip rounds, what control decides from, rejoining workers' fetches
+LEVELS = ("global", "block", "gossip", CONTROL, REJOIN)
 METRICS = "metrics"  # the level of measurement traffic, counted apart
 
 
@@ -41,9 +49,11 @@ class Transfer:
 
     ``op``: ``allreduce`` or ``allgather`` within each of ``groups``, or ``gossip`` along the
     round's ``mixing``; ``nbytes``: the vector reduced, or one member's message; ``level``: one
-    of :data:`LEVELS`, or :data:`METRICS`; ``behind``: the steps of compute it may run behind
-    (Streaming DiLoCo's fragments); ``initiator``: a one-sided exchange (AD-PSGD's pair average)
-    that only this worker waits for and spends time on, its peer passive."""
+    of :data:`LEVELS`, or :data:`METRICS`; what computation it overlaps: ``backward``, the
+    backward pass of the step that sends it (the gradient all-reduce, bucketed as DDP does), or
+    ``behind`` > 0, the next steps' compute (Streaming DiLoCo's fragments), or neither;
+    ``initiator``: a one-sided exchange (AD-PSGD's pair average) that only this worker waits for
+    and spends time on, its peer passive."""
 
     op: str
     nbytes: float
@@ -51,6 +61,7 @@ class Transfer:
     groups: Groups | None = None
     mixing: object | None = None  # a topology.Mixing
     behind: int = 0
+    backward: bool = False
     initiator: int | None = None
 
     @property
@@ -94,16 +105,17 @@ class Ledger:
 
     def __post_init__(self) -> None:
         self.entries: list[Transfer | Compute] | None = None  # not a field: never in the state
-        self.behind = 0  # the steps of compute the transfers recorded now may run behind
+        self._overlap: dict = {}  # what the transfers recorded now overlap (Transfer's behind, backward)
 
     @contextlib.contextmanager
-    def running_behind(self, steps: int):
-        """Transfers recorded inside run in the background of the next ``steps`` steps' compute."""
-        self.behind = steps
+    def overlapping(self, backward: bool = False, behind: int = 0):
+        """Transfers recorded inside run in the background of this step's backward pass
+        (``backward``), or of the next ``behind`` steps' compute."""
+        self._overlap = {"backward": backward, "behind": behind}
         try:
             yield
         finally:
-            self.behind = 0
+            self._overlap = {}
 
     def keep(self) -> None:
         """Keep every entry from now on (for the clock)."""
@@ -118,8 +130,8 @@ class Ledger:
 
     def record(self, transfer: Transfer) -> None:
         """Count a transfer (and keep it)."""
-        if self.behind:
-            transfer = dataclasses.replace(transfer, behind=self.behind)
+        if self._overlap:
+            transfer = dataclasses.replace(transfer, **self._overlap)
         if self.entries is not None:
             self.entries.append(transfer)
         messages, nbytes = transfer.per_worker
@@ -149,10 +161,17 @@ class Ledger:
         return {k: v for k, v in dataclasses.asdict(self).items() if k != "n"}
 
     def load_state_dict(self, state: dict) -> None:
+        """The counts of :meth:`state_dict` (a level the state lacks, from an earlier version: 0)."""
+        fresh = Ledger(self.n)
         for key, value in state.items():
-            setattr(self, key, dict(value) if isinstance(value, dict) else value)
+            setattr(self, key, {**getattr(fresh, key), **value} if isinstance(value, dict) else value)
 
 
-def allreduce_bytes(d: int, g: int) -> float:
-    """Bytes one member sends in a ring all-reduce of d values within a group of g."""
-    return 2 * d * (g - 1) / g * BYTES_PER_VALUE
+def row_bytes(T) -> int:
+    """The bytes of one row of a tensor [rows, ...]: what one worker's message of it carries."""
+    return math.prod(T.shape[1:]) * T.element_size()
+
+
+def allreduce_bytes(d: int, g: int, value_bytes: int) -> float:
+    """Bytes one member sends in a ring all-reduce of d values of ``value_bytes`` within a group of g."""
+    return 2 * d * (g - 1) / g * value_bytes

@@ -56,8 +56,14 @@ class SimEngine(Engine):
             blocks = X.view(-1, g, d)
             blocks.copy_(groups_mean(blocks, member))
             return
-        index = groups.plan(("sim index", X.device), lambda: torch.tensor(groups.index, device=X.device))
-        X.index_copy_(0, index, groups_mean(X.index_select(0, index).view(-1, g, d), member).reshape(-1, d))
+        index, seated = groups.plan(("sim index", X.device), lambda: (
+            torch.tensor(groups.index, device=X.device),
+            None if groups.member is None else torch.tensor(groups.member, device=X.device)))
+        means = groups_mean(X.index_select(0, index).view(-1, g, d), member).reshape(-1, d)
+        if seated is None:
+            X.index_copy_(0, index, means)
+        else:  # an empty seat may name any worker (padding): only the members' rows are written
+            X.index_copy_(0, index[seated], means[seated])
 
     def _mixed(self, X: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         index, weight, dense, shifts = mixing.plan(("sim", X.dtype, X.device), lambda: self._plan(mixing, X))
@@ -85,15 +91,29 @@ class SimEngine(Engine):
         slots = mixing.plan(("sim-slots", payload.device), lambda: torch.tensor(mixing.index.T, device=payload.device))
         return payload[slots]
 
-    def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
+    def _all_gather(self, payload: torch.Tensor, groups: Groups) -> Gathered:
+        size = groups.size
         rows = torch.arange(self.n, device=payload.device)
-        return Gathered(payload.view(self.n // size, size, payload.shape[1]), rows // size)
+        messages = payload.view(self.n // size, size, payload.shape[1])
+        member = self._member(groups, payload.device)
+        if member is not None:  # a gone worker sends nothing
+            messages = messages * member.view(-1, size, 1).to(messages.dtype)
+            member = member.view(-1, size)
+        return Gathered(messages, rows // size, member)
 
-    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None) -> torch.Tensor:
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None, over: Groups | None) -> torch.Tensor:
         return T.mean(0) if workers is None else T.index_select(0, workers).mean(0)
 
-    def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
-        return values
+    def _gather_scalars(self, values: torch.Tensor, over: Groups) -> torch.Tensor:
+        member = self._member(over, values.device)
+        return values if member is None else values * member.to(values.dtype)  # a gone worker's: 0, as it sends none
+
+    @staticmethod
+    def _member(groups: Groups, device: torch.device) -> torch.Tensor | None:
+        """Which workers are seated members of consecutive groups (bool [n]; None: all)."""
+        if groups.member is None:
+            return None
+        return groups.plan(("sim seats", device), lambda: torch.tensor(groups.member, device=device))
 
     def gather_rows(self, T: torch.Tensor) -> torch.Tensor:
         return T

@@ -70,16 +70,17 @@ class ThreadEngine(Engine):
     def _exchange(self, payload: torch.Tensor, mixing: Mixing) -> torch.Tensor:
         return self._mine(self.hub.collective(self.rank, payload, lambda full: self.hub.sim._exchange(full, mixing)))
 
-    def _all_gather(self, payload: torch.Tensor, size: int) -> Gathered:
-        gathered = self.hub.collective(self.rank, payload, lambda full: self.hub.sim._all_gather(full, size))
-        group = self.rank // size
-        return Gathered(gathered.messages[group : group + 1], torch.zeros(1, dtype=torch.long, device=payload.device))
+    def _all_gather(self, payload: torch.Tensor, groups: Groups) -> Gathered:
+        gathered = self.hub.collective(self.rank, payload, lambda full: self.hub.sim._all_gather(full, groups))
+        group = self.rank // groups.size
+        return Gathered(gathered.messages[group : group + 1], torch.zeros(1, dtype=torch.long, device=payload.device),
+                        None if gathered.member is None else gathered.member[group : group + 1])
 
-    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None) -> torch.Tensor:
-        return self.hub.collective(self.rank, T, lambda full: self.hub.sim._rows_mean(full, workers))
+    def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None, over: Groups | None) -> torch.Tensor:
+        return self.hub.collective(self.rank, T, lambda full: self.hub.sim._rows_mean(full, workers, over))
 
-    def _gather_scalars(self, values: torch.Tensor) -> torch.Tensor:
-        return self.hub.collective(self.rank, values.reshape(1), lambda full: full)
+    def _gather_scalars(self, values: torch.Tensor, over: Groups) -> torch.Tensor:
+        return self.hub.collective(self.rank, values.reshape(1), lambda full: self.hub.sim._gather_scalars(full, over))
 
     def gather_rows(self, T: torch.Tensor) -> torch.Tensor:
         return self.hub.collective(self.rank, T, lambda full: full)

@@ -164,7 +164,7 @@ class Synchronizer:
         self._step, self.grad_norm_sq_ema = begin_step(self.schedule, self.engine, self.X, self.G, self.t, lr,
                                                        self.grad_norm_sq_ema, measure=False, average=not ddp_averaged)
         if ddp_averaged:  # DDP's comm hook averaged the gradients during backward
-            self.engine.recorded_allreduce(self.d)
+            self.engine.recorded_allreduce(self.d, self.G.element_size())
 
     def _after_step(self, optimizer, args, kwargs) -> None:
         self._bind_optimizer_state()
