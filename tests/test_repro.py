@@ -136,7 +136,7 @@ def test_paper_scale_time_to_accuracy_starts_each_paper_from_its_own_file():
     s = build_suite("time-to-accuracy", "paper")
     configs = {v.name: s.config(v) for v in s.variants}
     fast, slow = LIN_NETWORKS
-    for name, shipped, workers in ((f"mini-batch B=128 on {slow}", LIN_CIFAR, 16), ("ring n=32", KONG_CIFAR, 32)):
+    for name, shipped, workers in ((f"mini-batch B=128 on {slow}", LIN_CIFAR, 16), ("ring n=32 on wan-100m", KONG_CIFAR, 32)):
         cfg, paper = configs[name], load_config(PAPER_CONFIGS / shipped)
         assert (cfg.workers, cfg.batch_size, cfg.lr, cfg.epochs, cfg.model) == \
             (workers, paper.batch_size, paper.lr, paper.epochs, "resnet20")
