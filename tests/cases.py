@@ -42,6 +42,10 @@ FEATURES = {
     "diloco-streaming": ["algorithm=diloco", "local_steps=4", "fragments=2", "fragment_delay=1", "fragment_alpha=0.5",
                          "compression=ef-top-k:0.1+quant:2"],
     "noloco": ["algorithm=diloco", "local_steps=2", "outer_topology=one-peer-exponential", "outer_gamma=0.5"],
+    # the outer all-reduce in flight through the next round: eager over a codec, delayed over fragments
+    "diloco-eager": ["algorithm=diloco", "local_steps=2", "outer_overlap=eager", "compression=ef-top-k:0.1"],
+    "diloco-delayed-streaming": ["algorithm=diloco", "local_steps=4", "fragments=2", "fragment_alpha=0.5",
+                                 "outer_overlap=delayed"],
     # SparseLoCo as Templar runs it: 2-D blocks, 12-bit indices, 2-bit values, the clipped mean over senders
     "sparseloco": ["algorithm=diloco", "local_steps=2", "compression=ef-sparseloco:4@8", "ef_decay=0.95",
                    "outer_lr=1", "outer_momentum=0"],

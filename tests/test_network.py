@@ -132,7 +132,9 @@ def test_without_a_network_nothing_is_timed_and_the_network_changes_no_training(
     rows = [json.loads(line) for line in (plain / "metrics.jsonl").read_text().splitlines()]
     timed_rows = [json.loads(line) for line in (timed / "metrics.jsonl").read_text().splitlines()]
     assert not any("seconds" in k for r in rows for k in r)
-    assert [{k: v for k, v in r.items() if k != "sim_seconds"} for r in timed_rows] == rows
+    timed_keys = ("sim_seconds", "sim_seconds_idle", "compute_utilization", "compute_utilization_min")
+    assert all(set(timed_keys) <= r.keys() for r in timed_rows)
+    assert [{k: v for k, v in r.items() if k not in timed_keys} for r in timed_rows] == rows
     summary = json.loads((plain / "summary.json").read_text())
     assert [k for k in summary if "seconds" in k or "target" in k] == ["wall_seconds"]
     assert "network" not in (plain / "config.yaml").read_text() and "compute_ms" not in (plain / "config.yaml").read_text()
@@ -241,7 +243,7 @@ def test_time_to_target_is_the_first_evaluation_that_reaches_it():
 
 def test_with_measured_compute_only_the_seconds_differ_after_a_resume():
     """Exact resume with a numeric compute_ms is tests/test_durable.py's; measured compute is
-    wall-clock time, so there only the keys ending in _seconds (and sim_seconds_to_target) differ."""
+    wall-clock time, so there only the simulated times (and the compute's share of them) differ."""
     cfg = small_config("algorithm=gossip", "epochs=1", *NET, "target_accuracy=0.01")
     straight_rows, resumed_rows, states = [], [], []
     straight = train(cfg, build_run(cfg), on_row=straight_rows.append)
@@ -254,7 +256,7 @@ def test_with_measured_compute_only_the_seconds_differ_after_a_resume():
     assert all(b["sim_seconds"] > a["sim_seconds"] for a, b in zip(straight_rows, straight_rows[1:]))
 
     def untimed(d: dict) -> dict:
-        return {k: v for k, v in d.items() if "_seconds" not in k}
+        return {k: v for k, v in d.items() if "_seconds" not in k and not k.startswith("compute_utilization")}
     assert [untimed(r) for r in resumed_rows] == [untimed(r) for r in straight_rows]
     assert untimed(resumed) == untimed(straight) and resumed["steps_to_target"] == 12
 

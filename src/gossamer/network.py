@@ -61,7 +61,9 @@ With ``overlap``, the transfers behind the backward pass start at its start, T_i
 worker's compute ends at max(T_i + c_i, their end), and the step's other operators follow.
 Measurement traffic is priced after the step's operators. ``sim_seconds`` is max_i T_i; a worker is idle while it waits in an
 operator and after its last step until the slowest ends: ``sim_seconds_idle_fraction`` is the
-mean over workers of its idle time over ``sim_seconds``. With equal speeds every clock is the
+mean over workers of its idle time over ``sim_seconds``, ``sim_seconds_idle`` the mean idle time;
+``compute_utilization`` is the fraction of ``sim_seconds`` a worker spends computing (its mean
+over workers, and ``compute_utilization_min`` the least). With equal speeds every clock is the
 same and the step costs c plus its operators, as above.
 """
 
@@ -401,7 +403,8 @@ def wait(clocks: np.ndarray, transfer: Transfer) -> np.ndarray:
 @dataclass
 class Clock:
     """The simulated time of a run: each worker's compute, then the communication on ``network``,
-    on per-worker clocks ``times`` (module docstring); ``idle``: each worker's waits so far.
+    on per-worker clocks ``times`` (module docstring); ``idle``: each worker's waits so far,
+    ``busy`` its compute so far.
 
     ``step_seconds``: one worker's compute per step at speed 1 (None: measured by :meth:`timed`)."""
 
@@ -412,12 +415,14 @@ class Clock:
     sleeps: bool = False  # real processes (engine dist): sleep for the modelled extra compute
     times: np.ndarray = None  # T_i [n]
     idle: np.ndarray = None  # each worker's waits [n]
+    busy: np.ndarray = None  # each worker's compute [n]
     _measured: float = field(default=0.0, init=False, repr=False)  # this step's, until tick()
 
     def __post_init__(self) -> None:
         n = len(self.speeds.slow)
         self.times = np.zeros(n) if self.times is None else self.times
         self.idle = np.zeros(n) if self.idle is None else self.idle
+        self.busy = np.zeros(n) if self.busy is None else self.busy
 
     @property
     def now(self) -> float:
@@ -429,6 +434,14 @@ class Clock:
         after its last step for the slowest worker."""
         now = self.now
         return float((self.idle + now - self.times).mean() / now) if now else 0.0
+
+    def utilization(self) -> dict[str, float]:
+        """``compute_utilization`` (mean over workers of the share of ``sim_seconds`` spent
+        computing), its minimum, and ``sim_seconds_idle`` (mean over workers of the time waited)."""
+        now = self.now
+        share = self.busy / now if now else np.zeros_like(self.busy)
+        return {"compute_utilization": float(share.mean()), "compute_utilization_min": float(share.min()),
+                "sim_seconds_idle": float((self.idle + now - self.times).mean())}
 
     def timed(self, fn: Callable, *args):
         """``fn(*args)``, its wall time added to the step's compute when it is measured."""
@@ -471,6 +484,7 @@ class Clock:
         hidden = min(behind, BACKWARD_SHARE * c)
         if hidden:  # those transfers start with the backward pass; the step's others follow
             compute = sum(self._compute_times(e, c) for e, cost in steps if cost is None)
+            self.busy += compute
             now = np.maximum(self.times + compute, self._operate(self.times + compute / 3, backward, None, c))
             self.idle += now - self.times - np.maximum(compute, compute / 3 + behind)
             now = self._operate(now, [(e, cost) for e, cost in steps if cost is not None and not e.backward],
@@ -495,7 +509,9 @@ class Clock:
         one after the other; each worker's waits added to ``idle``."""
         for entry, cost in priced:
             if cost is None:
-                clocks = clocks + self._compute_times(entry, c)
+                computed = self._compute_times(entry, c)
+                self.busy += computed
+                clocks = clocks + computed
                 continue
             part = taking_part(entry)
             start = wait(clocks, entry)
@@ -514,10 +530,13 @@ class Clock:
         return [(e, self.network.seconds(e)) for e in entries if isinstance(e, Transfer) and e.level == METRICS]
 
     def state_dict(self) -> dict:
-        return {"times": self.times.tolist(), "idle": self.idle.tolist()}
+        return {"times": self.times.tolist(), "idle": self.idle.tolist(), "busy": self.busy.tolist()}
 
     def load_state_dict(self, state: dict) -> None:
+        """The clocks of :meth:`state_dict` (a checkpoint from before ``busy`` was kept: the
+        compute is counted from the resumed step on)."""
         self.times, self.idle = np.array(state["times"], dtype=np.float64), np.array(state["idle"], dtype=np.float64)
+        self.busy = np.array(state.get("busy", np.zeros_like(self.times)), dtype=np.float64)
 
 
 def build_clock(cfg, model: torch.nn.Module, data, loss, device: torch.device) -> Clock | None:

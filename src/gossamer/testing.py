@@ -260,7 +260,7 @@ def hook_of(overrides: list[str]) -> dict | None:
     if cfg.algorithm == "diloco":
         return {"kind": "DiLoCo", "kwargs": {key: getattr(cfg, key) for key in (
             "local_steps", "compression", "fragments", "fragment_delay", "fragment_alpha", "outer_topology",
-            "outer_gamma")}}
+            "outer_gamma", "outer_overlap", "eager_first")}}
     return None
 
 

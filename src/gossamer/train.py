@@ -549,7 +549,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             state.sim_seconds_to_target = state.sim_seconds if run.clock is not None else None
         if measure:
             if run.clock is not None:
-                row["sim_seconds"] = state.sim_seconds
+                row.update(sim_seconds=state.sim_seconds, **run.clock.utilization())
             if e.timed:
                 row["comm_seconds"] = state.comm_seconds
             on_row(row)
@@ -616,7 +616,8 @@ def _time_summary(run: Run, state: Progress) -> dict:
     cfg, out = run.cfg, {}
     if run.clock is not None:
         out.update(sim_seconds=state.sim_seconds, sim_seconds_comm=state.sim_seconds_comm,
-                   sim_seconds_idle_fraction=run.clock.idle_fraction(), sim_seconds_metrics=state.sim_seconds_metrics)
+                   sim_seconds_idle_fraction=run.clock.idle_fraction(), sim_seconds_metrics=state.sim_seconds_metrics,
+                   **run.clock.utilization())
     if _has_target(cfg):
         out["steps_to_target"] = state.steps_to_target
         if run.clock is not None:

@@ -7,7 +7,12 @@ outer step on the pseudo-gradient Δ = x_outer − x_i.
 - Streaming DiLoCo (Douillard et al. 2025): F fragments synchronised at staggered steps, the outer
   update applied τ inner steps after it was sent, mixed with the local fragment by α;
 - NoLoCo (Kolehmainen et al. 2025): the outer step averages with the neighbours of an outer
-  topology instead of an all-reduce.
+  topology instead of an all-reduce;
+- overlapped outer steps (``outer_overlap``), the round's all-reduce in flight through the next
+  inner phase: ``delayed`` (the one-step-delayed outer step, as PCCL's async DiLoCo) and
+  ``eager`` (Kale, Douillard, Donchev 2025: each replica's own fresh outer gradient with the
+  others' one round late). The rules: ``shared/specs/asynchronous-outer-steps.md`` §1, of the
+  project's design notes.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import torch
 from ..codecs import ERROR_FEEDBACK, Compressor, build_compressor, check_spec
 from ..faults import REJOIN_MODES
 from ..optim import SGD
-from ..registry import ConfigError, positive_ints
+from ..registry import ConfigError, positive_ints, short
 from ..topology import TOPOLOGIES, Topology, build_topology
 from .peer import gossip_together
 from .schedule import ALGORITHMS, Context, Schedule, Step
@@ -73,6 +78,10 @@ def fragment_columns(numels: list[int], fragments: int) -> list[slice]:
     return [slice(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
+OVERLAPS = ("none", "delayed", "eager")
+EAGER_FIRST = ("own", "sync")  # eager's first round: its own share alone, or one standard DiLoCo step
+
+
 @dataclass
 class DiLoCo(Schedule):
     """DiLoCo: H inner steps, then an outer step on the pseudo-gradient, per fragment.
@@ -94,6 +103,20 @@ class DiLoCo(Schedule):
     optimizer's state, and its inner optimizer's state across outer steps, as the DiLoCo paper
     does. ``shared_state`` (buffers) is averaged at each send of fragment 0 — with an outer
     topology, mixed in the same gossip round (NoLoCo has no all-reduce).
+
+    ``overlap`` (``outer_overlap``): the all-reduce of round r's outer gradients, Δ^(r) = mean_m Δ_m^(r),
+    Δ_m^(r) = x_outer,m − x_m, runs behind the next round's compute (the ledger: ⌊H/F⌋ steps) and is
+    consumed at the end of that round, r + 1:
+
+    - ``delayed``: x_outer ← OuterOpt(x_outer, Δ^(r−1)); the round just finished enters only as
+      Δ^(r), one round later; the first round makes no outer step (the replicas restart from
+      x^(0), as PCCL's ``async_diloco.py``, PrimeIntellect-ai/pccl 7815195). Replicas stay identical.
+    - ``eager``: replica m steps on Δ̂_m^(r) = Δ_m^(r)/M + (Δ^(r−1) − Δ_m^(r−1)/M): its own fresh
+      contribution, the others' one round late (no extra traffic: it subtracts its own stale share);
+      the replicas' outer models differ (each keeps its own, and its outer optimizer's state). The
+      first round (``eager_first``): ``own``, Δ^(0) = Δ_m^(0) = 0, so Δ̂ = Δ_m/M; or ``sync``, one
+      standard DiLoCo step, then eager from zero. With a codec, Δ_m is the replica's decoded
+      message: what the others receive of it. M = 1 is DiLoCo bit for bit.
     """
 
     local_steps: int
@@ -105,12 +128,22 @@ class DiLoCo(Schedule):
     alpha: float = 0.0
     topology: Topology | None = None
     gamma: float = 1.0  # NoLoCo's pull towards the neighbours' outer model, in the outer gradient
+    overlap: str = "none"
+    eager_first: str = "own"
+    replicas: int = 1  # M: every worker (eager's share of its own outer gradient)
     x_outer: torch.Tensor | None = None
+    sent: list[int] = field(default_factory=list)  # each fragment's rounds so far (overlapped)
+    pending: list[torch.Tensor] = field(default_factory=list)  # Δ^(r−1) of each fragment, in flight (rows)
+    own: list[torch.Tensor] = field(default_factory=list)  # eager: each replica's Δ_m^(r−1) (rows)
 
     def start(self, engine, X: torch.Tensor) -> None:
         self.x_outer = X.clone()
         for outer, cols in zip(self.outers, self.fragments):
             outer.start(self.x_outer[:, cols])
+        if self.overlap != "none":
+            self.sent = [0] * len(self.fragments)
+            self.pending = [torch.zeros_like(X[:, cols]) for cols in self.fragments]
+            self.own = [torch.zeros_like(X[:, cols]) for cols in self.fragments] if self.overlap == "eager" else []
 
     def sends(self, j: int, t: int) -> bool:
         """Whether fragment j is sent after step t."""
@@ -134,6 +167,18 @@ class DiLoCo(Schedule):
         if j == 0:
             for i, rows in enumerate(self.shared_state):
                 engine.allreduce_mean_(rows, f"state/{i}")
+        if self.overlap != "none":
+            if self.overlap == "delayed" or self.sent[j] or self.eager_first == "own":
+                self._overlapped_step(engine, X, j, t)
+            else:  # eager's first round, eager_first sync: one standard DiLoCo step
+                self._outer_step(engine, X, j, t)
+            self.sent[j] += 1
+            return
+        self._outer_step(engine, X, j, t)
+
+    def _outer_step(self, engine, X: torch.Tensor, j: int, t: int) -> None:
+        """Fragment j's outer step on this round's Δ (DiLoCo, Streaming DiLoCo, SparseLoCo)."""
+        cols, outer = self.fragments[j], self.x_outer[:, self.fragments[j]]
         # the fragment travels while the next τ steps compute (at most until the next send)
         with engine.comm.overlapping(behind=min(self.delay, self.local_steps // len(self.fragments))):
             if self.compressors is not None:
@@ -149,6 +194,30 @@ class DiLoCo(Schedule):
                 gradient = outer - mean
         self.outers[j].step(outer, gradient)
 
+    def _overlapped_step(self, engine, X: torch.Tensor, j: int, t: int) -> None:
+        """Fragment j's delayed or eager outer step (class docstring): this round's Δ leaves, to be
+        consumed a round later, behind the next round's compute."""
+        cols, outer = self.fragments[j], self.x_outer[:, self.fragments[j]]
+        own = outer - X[:, cols]  # Δ_m^(r) of each replica
+        with engine.comm.overlapping(behind=self.local_steps // len(self.fragments)):
+            if self.compressors is not None:
+                codec = self.compressors[j]
+                messages = codec.compress(own, t, engine.rows)
+                fresh = codec.combine(engine.all_gather(messages), t)
+                own = codec.codec.decode(messages, t)  # what the others receive of it
+            else:
+                fresh = own.clone()
+                engine.allreduce_mean_(fresh)
+        previous = self.pending[j]
+        if self.overlap == "delayed":
+            if self.sent[j]:  # the first round has no outer gradient in hand: no outer step
+                self.outers[j].step(outer, previous)
+        else:
+            share = 1.0 / self.replicas  # own/M + (Δ^(r−1) − own^(r−1)/M): M = 1 is DiLoCo bit for bit
+            self.outers[j].step(outer, own.mul(share).add_(previous.sub_(self.own[j], alpha=share)))
+            self.own[j].copy_(own)
+        self.pending[j] = fresh
+
     def _neighbours_step(self, engine, X: torch.Tensor, t: int) -> None:
         """NoLoCo's outer step: Δ, x_outer and the buffers in one gossip round (no all-reduce)."""
         delta, neighbours = self.x_outer - X, self.x_outer.clone()
@@ -160,12 +229,20 @@ class DiLoCo(Schedule):
         rows = {"x_outer": self.x_outer}
         rows.update({f"residual/{j}": c.residual for j, c in enumerate(self.compressors or [])
                      if c.residual is not None})
+        rows.update({f"{kind}/{j}": T for kind, kept in (("pending", self.pending), ("own", self.own))
+                     for j, T in enumerate(kept)})
         first, *others = self.outers
         return {"rows": rows, "outer": first.state_dict(),
-                **{f"outer/{j}": o.state_dict() for j, o in enumerate(others, 1)}}
+                **{f"outer/{j}": o.state_dict() for j, o in enumerate(others, 1)},
+                **({"sent": list(self.sent)} if self.overlap != "none" else {})}
 
     def load_state_dict(self, state: dict) -> None:
         self.x_outer.copy_(state["rows"]["x_outer"])
+        if self.overlap != "none":
+            self.sent = [int(k) for k in state["sent"]]
+            self.pending = [state["rows"][f"pending/{j}"].clone() for j in range(len(self.fragments))]
+            for j, own in enumerate(self.own):
+                own.copy_(state["rows"][f"own/{j}"])
         for j, c in enumerate(self.compressors or []):
             if c.residual is not None:
                 c.residual = state["rows"][f"residual/{j}"].clone()
@@ -185,6 +262,8 @@ class DiLoCoOptions:
     fragment_alpha: float = 0.0  # α: x_i ← α x_i + (1 − α) x_outer when it is applied
     outer_topology: str = "none"  # NoLoCo: the outer step averages with neighbours on this topology
     outer_gamma: float = 1.0  # NoLoCo: γ, the pull towards the neighbours' outer model (1: the authors' code)
+    outer_overlap: str = "none"  # none | delayed | eager: the outer all-reduce in flight through the next round
+    eager_first: str = "own"  # eager's first round: own (its own share alone) | sync (one standard DiLoCo step)
 
     def validate(self, cfg) -> None:
         positive_ints(self, "local_steps", "fragments")
@@ -214,6 +293,7 @@ class DiLoCoOptions:
             raise ConfigError(f"fragment_delay must be in [0, local_steps={self.local_steps}), got {self.fragment_delay}")
         if not 0 <= self.fragment_alpha < 1:
             raise ConfigError(f"fragment_alpha must be in [0, 1), got {self.fragment_alpha}")
+        self._check_overlap(cfg)
         if self.outer_topology == "none":
             if self.outer_gamma != 1.0:
                 raise ConfigError("outer_gamma applies only with an outer_topology (NoLoCo)")
@@ -224,6 +304,28 @@ class DiLoCoOptions:
                               "and fragment_alpha: 0")
         if not 0 <= self.outer_gamma <= 1:
             raise ConfigError(f"outer_gamma must be in [0, 1], got {self.outer_gamma}")
+
+    def _check_overlap(self, cfg) -> None:
+        if self.outer_overlap not in OVERLAPS:
+            raise ConfigError(f"unknown outer_overlap '{short(self.outer_overlap)}'; choose one of: {', '.join(OVERLAPS)}")
+        if self.eager_first not in EAGER_FIRST:
+            raise ConfigError(f"unknown eager_first '{short(self.eager_first)}'; choose one of: {', '.join(EAGER_FIRST)}")
+        if self.eager_first != "own" and self.outer_overlap != "eager":
+            raise ConfigError("eager_first applies only with outer_overlap: eager")
+        if self.outer_overlap == "none":
+            return
+        if self.fragment_delay:
+            raise ConfigError(f"outer_overlap {self.outer_overlap} keeps the outer all-reduce in flight for a whole "
+                              f"round, in place of fragment_delay's τ steps: use fragment_delay: 0")
+        if self.outer_topology != "none":
+            raise ConfigError(f"outer_overlap {self.outer_overlap} overlaps an all-reduce; NoLoCo's outer_topology "
+                              f"has none: use outer_overlap: none")
+        if cfg.faults is not None:
+            raise ConfigError(f"faults: diloco with outer_overlap {self.outer_overlap} does not drop workers (the "
+                              f"in-flight outer gradients of a worker that leaves have no rule yet): use outer_overlap: none")
+        if cfg.byzantine is not None:
+            raise ConfigError(f"byzantine: diloco's Byzantine model is for outer_overlap: none, not "
+                              f"{self.outer_overlap}")
 
 
 @ALGORITHMS.register("diloco", options=DiLoCoOptions, example=("local_steps=3",), faults=REJOIN_MODES,
@@ -243,7 +345,7 @@ def _diloco(cfg, ctx: Context) -> DiLoCo:
         raise ConfigError(f"outer_topology '{cfg.outer_topology[:100]}' is only column stochastic: NoLoCo needs a "
                           f"doubly stochastic one (undirected, or directed with equal in- and out-degrees)")
     return DiLoCo(cfg.local_steps, outers, ctx.buffer_rows, fragments, compressors, cfg.fragment_delay,
-                  cfg.fragment_alpha, topology, cfg.outer_gamma)
+                  cfg.fragment_alpha, topology, cfg.outer_gamma, cfg.outer_overlap, cfg.eager_first, cfg.workers)
 
 
 def _tensors(numels: list[int], cols: slice) -> slice:

@@ -398,7 +398,9 @@ class DiLoCo(Synchronizer):
     fragment's parameters, the others' ``.grad`` None, so one torch optimizer whose state is per
     parameter — SGD, Adam, AdamW — is an outer optimizer per fragment); ``outer_topology`` and
     ``outer_gamma`` (NoLoCo: Δ and x_outer averaged with the topology's neighbours, the pull
-    γ (x_outer,i − x̄_i) added to the outer gradient the optimizer steps on).
+    γ (x_outer,i − x̄_i) added to the outer gradient the optimizer steps on); ``outer_overlap``
+    (``delayed``: the outer step on the previous round's mean; ``eager``: each worker's own fresh
+    outer gradient with the others' one round late, ``eager_first`` its first round).
     """
 
     algorithm = "diloco"
@@ -406,7 +408,8 @@ class DiLoCo(Synchronizer):
     def __init__(self, model: nn.Module, inner_optimizer: torch.optim.Optimizer,
                  outer_optimizer: torch.optim.Optimizer, local_steps: int = 1, *, compression: str = "none",
                  fragments: int = 1, fragment_delay: int = 0, fragment_alpha: float = 0.0,
-                 outer_topology: str = "none", outer_gamma: float = 1.0, **kwargs):
+                 outer_topology: str = "none", outer_gamma: float = 1.0, outer_overlap: str = "none",
+                 eager_first: str = "own", **kwargs):
         inner = {id(p) for group in inner_optimizer.param_groups for p in group["params"]}
         outer = {id(p) for group in outer_optimizer.param_groups for p in group["params"]}
         if outer != inner:
@@ -414,7 +417,8 @@ class DiLoCo(Synchronizer):
         self.outer_optimizer = outer_optimizer
         options = {"local_steps": local_steps, "compression": compression, "fragments": fragments,
                    "fragment_delay": fragment_delay, "fragment_alpha": fragment_alpha,
-                   "outer_topology": outer_topology, "outer_gamma": outer_gamma}
+                   "outer_topology": outer_topology, "outer_gamma": outer_gamma, "outer_overlap": outer_overlap,
+                   "eager_first": eager_first}
         super().__init__(model, inner_optimizer, options, **kwargs)
 
     def _context(self) -> dict:
@@ -423,9 +427,11 @@ class DiLoCo(Synchronizer):
 
     def _ended_synced(self) -> bool:
         """Every model is x_outer, the same on every worker, only where the whole row is applied
-        unmixed (one fragment, α = 0, no outer topology): τ steps after a send."""
+        unmixed (one fragment, α = 0, no outer topology, not eager: its replicas differ): τ steps
+        after a send."""
         s = self.schedule
-        return len(s.fragments) == 1 and s.topology is None and not s.alpha and s.sends(0, self._step.t - s.delay)
+        return (len(s.fragments) == 1 and s.topology is None and not s.alpha and s.overlap != "eager"
+                and s.sends(0, self._step.t - s.delay))
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "outer_optimizer": self.outer_optimizer.state_dict()}
