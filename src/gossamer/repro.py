@@ -281,14 +281,9 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
            ("post-local H=16", ["algorithm=post-local", "local_steps=16"]),
            ("hierarchical H=2 H_b=8", ["algorithm=hierarchical", f"block_size={per_node}", "local_steps=2",
                                        "block_rounds=8"])]
-    lin_rows = {}
-    for net in LIN_NETWORKS:  # per network: the small mini-batch the baseline; the large one (its own lr) one too
-        runs = []
-        for label, overrides in lin:
-            name = f"{label} on {net}"
-            lin_rows.setdefault(label, []).append(name)
-            runs.append(Variant(name, [*overrides, f"network.preset={net}", f"network.workers_per_node={per_node}",
-                                       *free], n_lin, lin_file))
+    lin_runs, lin_rows = _on_networks(lin, LIN_NETWORKS, [f"network.workers_per_node={per_node}", *free], n_lin,
+                                      lin_file)
+    for runs in lin_runs:  # per network: the small mini-batch the baseline; the large one (its own lr) one too
         for v in runs[2:]:
             v.baseline = runs[0].name
         suite.variants += runs
@@ -302,15 +297,25 @@ def time_to_accuracy(scale: str, quick: bool) -> Suite:
             (f"ctrl-phase-1 c=1/4 n={n_kong}", [*gossip, *control, "consensus.factor=0.25"]),
             (f"ctrl-phase-1 c=1/2 estimate n={n_kong}", [*gossip, *control, "consensus.factor=0.5",
                                                          "consensus.measure=estimate"])]
-    kong_rows = {}
-    for net in KONG_NETWORKS:  # per network: All-Reduce the baseline
-        runs = [Variant(f"{name} on {net}", [*overrides, f"network.preset={net}", *free], n_kong, kong_file)
-                for name, overrides in kong]
-        for (label, _), v in zip(kong, runs):
-            kong_rows.setdefault(label, []).append(v.name)
+    kong_runs, kong_rows = _on_networks(kong, KONG_NETWORKS, free, n_kong, kong_file)
+    for runs in kong_runs:  # per network: All-Reduce the baseline
         suite.variants += _against(runs[0], runs[1:])
     suite.report = lambda suite, configs, out, seeds: _time_report(lin_rows, kong_rows, configs, out, seeds)
     return suite
+
+
+def _on_networks(rows: list[tuple[str, list[str]]], networks: tuple[str, ...], extra: list[str], workers: int,
+                 base_file: str | None) -> tuple[list[list[Variant]], dict[str, list[str]]]:
+    """Each row (label, overrides) trained on each network, as "LABEL on NETWORK" (``extra`` after
+    the network): the variants of each network, and each label's variant names by network."""
+    by_network, names = [], {}
+    for net in networks:
+        runs = [Variant(f"{label} on {net}", [*overrides, f"network.preset={net}", *extra], workers, base_file)
+                for label, overrides in rows]
+        for (label, _), v in zip(rows, runs):
+            names.setdefault(label, []).append(v.name)
+        by_network.append(runs)
+    return by_network, names
 
 
 STRAGGLER_NETWORK = "ethernet-10g"

@@ -132,7 +132,6 @@ class DiLoCo(Schedule):
     eager_first: str = "own"
     replicas: int = 1  # M: every worker (eager's share of its own outer gradient)
     x_outer: torch.Tensor | None = None
-    sent: list[int] = field(default_factory=list)  # each fragment's rounds so far (overlapped)
     pending: list[torch.Tensor] = field(default_factory=list)  # Δ^(r−1) of each fragment, in flight (rows)
     own: list[torch.Tensor] = field(default_factory=list)  # eager: each replica's Δ_m^(r−1) (rows)
 
@@ -141,7 +140,6 @@ class DiLoCo(Schedule):
         for outer, cols in zip(self.outers, self.fragments):
             outer.start(self.x_outer[:, cols])
         if self.overlap != "none":
-            self.sent = [0] * len(self.fragments)
             self.pending = [torch.zeros_like(X[:, cols]) for cols in self.fragments]
             self.own = [torch.zeros_like(X[:, cols]) for cols in self.fragments] if self.overlap == "eager" else []
 
@@ -149,6 +147,10 @@ class DiLoCo(Schedule):
         """Whether fragment j is sent after step t."""
         since = t + 1 - j * self.local_steps // len(self.fragments)
         return t >= 0 and since >= 0 and since % self.local_steps == 0
+
+    def first_send(self, j: int, t: int) -> bool:
+        """Whether sending fragment j after step t is its first round."""
+        return t + 1 - j * self.local_steps // len(self.fragments) == self.local_steps
 
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         for j, cols in enumerate(self.fragments):
@@ -167,14 +169,10 @@ class DiLoCo(Schedule):
         if j == 0:
             for i, rows in enumerate(self.shared_state):
                 engine.allreduce_mean_(rows, f"state/{i}")
-        if self.overlap != "none":
-            if self.overlap == "delayed" or self.sent[j] or self.eager_first == "own":
-                self._overlapped_step(engine, X, j, t)
-            else:  # eager's first round, eager_first sync: one standard DiLoCo step
-                self._outer_step(engine, X, j, t)
-            self.sent[j] += 1
-            return
-        self._outer_step(engine, X, j, t)
+        if self.overlap == "none" or (self.eager_first == "sync" and self.first_send(j, t)):
+            self._outer_step(engine, X, j, t)  # eager_first sync: eager's first round is DiLoCo's
+        else:
+            self._overlapped_step(engine, X, j, t)
 
     def _outer_step(self, engine, X: torch.Tensor, j: int, t: int) -> None:
         """Fragment j's outer step on this round's Δ (DiLoCo, Streaming DiLoCo, SparseLoCo)."""
@@ -210,7 +208,7 @@ class DiLoCo(Schedule):
                 engine.allreduce_mean_(fresh)
         previous = self.pending[j]
         if self.overlap == "delayed":
-            if self.sent[j]:  # the first round has no outer gradient in hand: no outer step
+            if not self.first_send(j, t):  # the first round has no outer gradient in hand: no outer step
                 self.outers[j].step(outer, previous)
         else:
             share = 1.0 / self.replicas  # own/M + (Δ^(r−1) − own^(r−1)/M): M = 1 is DiLoCo bit for bit
@@ -233,13 +231,11 @@ class DiLoCo(Schedule):
                      for j, T in enumerate(kept)})
         first, *others = self.outers
         return {"rows": rows, "outer": first.state_dict(),
-                **{f"outer/{j}": o.state_dict() for j, o in enumerate(others, 1)},
-                **({"sent": list(self.sent)} if self.overlap != "none" else {})}
+                **{f"outer/{j}": o.state_dict() for j, o in enumerate(others, 1)}}
 
     def load_state_dict(self, state: dict) -> None:
         self.x_outer.copy_(state["rows"]["x_outer"])
         if self.overlap != "none":
-            self.sent = [int(k) for k in state["sent"]]
             self.pending = [state["rows"][f"pending/{j}"].clone() for j in range(len(self.fragments))]
             for j, own in enumerate(self.own):
                 own.copy_(state["rows"][f"own/{j}"])

@@ -401,7 +401,7 @@ class DistEngine(Engine):
         """What a call site hands torch.distributed: ``kind`` (all_reduce, all_gather, send, recv)
         with the processes ``ranks`` (a collective's group, a message's peer), to the wire tap."""
         if self.wire is not None:
-            self.wire.hand(kind, ranks, tensor.numel() * tensor.element_size())
+            self.wire.hand(kind, ranks, tensor.nbytes)
 
     def _all_reduce(self, total: torch.Tensor, group, ranks: tuple[int, ...]) -> None:
         """Sum ``total`` (in place) over the processes ``ranks`` (their subgroup ``group``)."""

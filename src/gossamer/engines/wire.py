@@ -53,14 +53,17 @@ def expected(transfer: Transfer, n: int, world: int, rank: int) -> list[Handed]:
     m = n // world
     if transfer.op == "gossip":
         return _gossip(transfer, m, world, rank)
-    out = []
     groups = transfer.groups
-    for r in range(groups.count):
-        held = np.bincount(groups.members(r) // m, minlength=world)
-        ranks = tuple(np.flatnonzero(held).tolist())
-        if len(ranks) > 1 and rank in ranks:
-            out.append(("all_reduce", ranks, int(transfer.nbytes)) if transfer.op == "allreduce" else
-                       ("all_gather", ranks, int(held.max() * transfer.nbytes)))
+
+    def build() -> list[tuple[tuple[int, ...], int]]:  # each group's ranks and the most members one holds
+        spans = []
+        for r in range(groups.count):
+            held = np.bincount(groups.members(r) // m, minlength=world)
+            spans.append((tuple(np.flatnonzero(held).tolist()), int(held.max())))
+        return spans
+    out = [("all_reduce", ranks, int(transfer.nbytes)) if transfer.op == "allreduce" else
+           ("all_gather", ranks, most * int(transfer.nbytes))
+           for ranks, most in groups.plan(("wire", m, world), build) if len(ranks) > 1 and rank in ranks]
     return sorted(out)
 
 
