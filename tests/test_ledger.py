@@ -14,7 +14,7 @@ import torch
 from cases import CIFAR_CASE, DIST_CASES, SHORT
 
 from gossamer.config import load_config
-from gossamer.engines.ledger import Compute, Transfer, allreduce_bytes
+from gossamer.engines.ledger import Compute, Ledger, Transfer, allreduce_bytes
 from gossamer.engines.sim import SimEngine
 from gossamer.engines.threads import ThreadedSim
 from gossamer.engines.wire import WireTap, expected
@@ -335,3 +335,20 @@ def test_every_transfer_is_what_the_processes_hand_torch_distributed(procs, name
     between two transfers is what the transfer implies, and nothing moves unrecorded."""
     where, operators = wire_difference(dist_runs(procs) / f"wire-{name}", procs)
     assert where is None and operators > 0
+
+
+def test_a_checkpoint_of_an_earlier_version_resumes_with_the_new_counts_from_zero():
+    """A ledger state without the control and rejoin levels, a clock state without ``busy`` (both
+    before issue 41/42): they load, the new counts start at 0, the old ones are kept."""
+    old = Ledger(4).state_dict()
+    for key in ("rounds_by_level", "bytes_by_level"):
+        old[key] = {level: value for level, value in old[key].items() if level in ("global", "block", "gossip")}
+    old["rounds_by_level"]["gossip"], old["rounds"] = 7, 7
+    ledger = Ledger(4)
+    ledger.load_state_dict(old)
+    assert ledger.rounds_by_level == {"global": 0, "block": 0, "gossip": 7, "control": 0, "rejoin": 0}
+    ledger.record(Transfer("allgather", 8, "control", groups=Groups.blocks(4, 4)))
+    assert ledger.rounds == 8 and ledger.rounds_by_level["control"] == 1
+    clock = Clock(NetworkConfig(bandwidth=1.0, latency=1.0), 1e-3, Speeds(np.ones(4), None, 0))
+    clock.load_state_dict({"times": [1.0] * 4, "idle": [0.5] * 4})
+    assert clock.busy.tolist() == [0.0] * 4 and clock.utilization()["idle_seconds"] == 0.5

@@ -132,7 +132,7 @@ def test_without_a_network_nothing_is_timed_and_the_network_changes_no_training(
     rows = [json.loads(line) for line in (plain / "metrics.jsonl").read_text().splitlines()]
     timed_rows = [json.loads(line) for line in (timed / "metrics.jsonl").read_text().splitlines()]
     assert not any("seconds" in k for r in rows for k in r)
-    timed_keys = ("sim_seconds", "sim_seconds_idle", "compute_utilization", "compute_utilization_min")
+    timed_keys = ("sim_seconds", "idle_seconds", "compute_utilization", "compute_utilization_min")
     assert all(set(timed_keys) <= r.keys() for r in timed_rows)
     assert [{k: v for k, v in r.items() if k not in timed_keys} for r in timed_rows] == rows
     summary = json.loads((plain / "summary.json").read_text())

@@ -61,7 +61,7 @@ With ``overlap``, the transfers behind the backward pass start at its start, T_i
 worker's compute ends at max(T_i + c_i, their end), and the step's other operators follow.
 Measurement traffic is priced after the step's operators. ``sim_seconds`` is max_i T_i; a worker is idle while it waits in an
 operator and after its last step until the slowest ends: ``sim_seconds_idle_fraction`` is the
-mean over workers of its idle time over ``sim_seconds``, ``sim_seconds_idle`` the mean idle time;
+mean over workers of its idle time over ``sim_seconds``, ``idle_seconds`` the mean idle time;
 ``compute_utilization`` is the fraction of ``sim_seconds`` a worker spends computing (its mean
 over workers, and ``compute_utilization_min`` the least). With equal speeds every clock is the
 same and the step costs c plus its operators, as above.
@@ -429,19 +429,23 @@ class Clock:
         """``sim_seconds``: the slowest worker's clock."""
         return float(self.times.max())
 
+    def waits(self) -> float:
+        """The mean over workers of the time spent waiting: in operators, and after its last step
+        until the slowest worker's."""
+        return float((self.idle + self.now - self.times).mean())
+
     def idle_fraction(self) -> float:
-        """The mean over workers of the fraction of ``sim_seconds`` spent waiting: in operators, and
-        after its last step for the slowest worker."""
+        """The mean over workers of the fraction of ``sim_seconds`` spent waiting."""
         now = self.now
-        return float((self.idle + now - self.times).mean() / now) if now else 0.0
+        return self.waits() / now if now else 0.0
 
     def utilization(self) -> dict[str, float]:
         """``compute_utilization`` (mean over workers of the share of ``sim_seconds`` spent
-        computing), its minimum, and ``sim_seconds_idle`` (mean over workers of the time waited)."""
+        computing), its minimum, and ``idle_seconds`` (:meth:`waits`)."""
         now = self.now
         share = self.busy / now if now else np.zeros_like(self.busy)
         return {"compute_utilization": float(share.mean()), "compute_utilization_min": float(share.min()),
-                "sim_seconds_idle": float((self.idle + now - self.times).mean())}
+                "idle_seconds": self.waits()}
 
     def timed(self, fn: Callable, *args):
         """``fn(*args)``, its wall time added to the step's compute when it is measured."""
