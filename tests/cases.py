@@ -51,6 +51,16 @@ FEATURES = {
                    "outer_lr=1", "outer_momentum=0"],
     "gossip-stragglers": ["algorithm=gossip", "topology=ring", "network=ethernet-10g", "compute_ms=1",
                           "slow_workers=0.25@3", "compute_jitter=lognormal:0.5"],
+    # a parameter server on uneven clocks: Delayed Nesterov, DyLU, a grace window, staleness weights; and the
+    # vanilla rule with Adam, the inner state reset at each pull, the outer lr and momentum scheduled
+    "async-local-sgd-stragglers": ["algorithm=async-local-sgd", "local_steps=3", "network=ethernet-10g", "compute_ms=1",
+                                   "slow_workers=0.25@3", "compute_jitter=lognormal:0.5", "dylu=true",
+                                   "grace_window=0.0005", "async_weight=polynomial", "outer_spread=0.2"],
+    "async-local-sgd-adam-reset": ["algorithm=async-local-sgd", "local_steps=2", "outer_optimizer=adam", "outer_lr=0.05",
+                                   "inner_state=reset", "optimizer=adamw", "outer_lr_warmup=3", "outer_lr_decay=cosine",
+                                   "outer_momentum_warmup=2"],
+    "diloco-outer-schedule": ["algorithm=diloco", "local_steps=2", "outer_optimizer=sgd", "outer_lr_warmup=2",
+                              "outer_momentum_decay=linear", "fragments=2"],
     "ad-psgd-stragglers": ["algorithm=ad-psgd", "network=ethernet-10g", "compute_ms=1", "slow_workers=0.25@3",
                            "compute_jitter=lognormal:0.5", "weight_decay=0.01"],
     "gossip-faults": ["algorithm=gossip", "topology=ring", "momentum=0.9", "faults.events=[1@2-7]", "faults.churn=0.1",
@@ -214,7 +224,7 @@ ROUND_TOPOLOGY_CASES = {"gossip-random-matching": ["algorithm=gossip", "topology
 # processes (2 workers each) from the middle of the codec list and with every FEATURE, on 4 (one
 # worker each) from its start
 def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The cases engine dist runs (ad-psgd is the simulator's only)."""
+    """The cases engine dist runs (ad-psgd and async-local-sgd are the simulator's only)."""
     return {name: o for name, o in cases.items() if _valid([*o, "engine=dist"])}
 
 

@@ -245,7 +245,7 @@ def test_local_sgd_with_h4_has_s_over_4_rounds():
     (["algorithm=hierarchical", "block_size=3"], "block_size must divide workers"),
     (["algorithm=gossip", "compression=sign"], "compression does not apply to algorithm 'gossip'"),
     (["algorithm=local", "compression=zip"], "unknown compression 'zip'; choose one of: sign, top-k:F, random-k:F, qsgd:S"),
-    (["algorithm=allreduce", "outer_lr=0.5"], "outer_lr does not apply to algorithm 'allreduce': it is an option of algorithm diloco"),
+    (["algorithm=allreduce", "outer_lr=0.5"], "outer_lr does not apply to algorithm 'allreduce': it is an option of algorithm async-local-sgd, algorithm diloco"),
     (["optimizer=adam", "momentum=0.5"], "momentum does not apply to optimizer 'adam'"),
     (["algorithm=post-local"], "post-local needs"),
     (["algorithm=post-local", "switch_epoch=1", "switch_step=3"], "not both"),

@@ -67,7 +67,7 @@ def test_noloco_through_the_hooks_mixes_the_buffers_in_its_gossip_round_and_neve
         t.start()
     for t in threads:
         t.join()
-    assert all(levels == {"global": 0, "block": 0, "gossip": 2, "control": 0, "rejoin": 0} for levels, _ in results)
+    assert all(levels == {"global": 0, "block": 0, "gossip": 2, "control": 0, "rejoin": 0, "server": 0} for levels, _ in results)
     buffers = torch.cat([b for _, b in results])
     assert not torch.equal(buffers[0], buffers[1])  # mixed with the ring's neighbours, not averaged by all
 
@@ -346,7 +346,7 @@ def test_a_checkpoint_of_an_earlier_version_resumes_with_the_new_counts_from_zer
     old["rounds_by_level"]["gossip"], old["rounds"] = 7, 7
     ledger = Ledger(4)
     ledger.load_state_dict(old)
-    assert ledger.rounds_by_level == {"global": 0, "block": 0, "gossip": 7, "control": 0, "rejoin": 0}
+    assert ledger.rounds_by_level == {"global": 0, "block": 0, "gossip": 7, "control": 0, "rejoin": 0, "server": 0}
     ledger.record(Transfer("allgather", 8, "control", groups=Groups.blocks(4, 4)))
     assert ledger.rounds == 8 and ledger.rounds_by_level["control"] == 1
     clock = Clock(NetworkConfig(bandwidth=1.0, latency=1.0), 1e-3, Speeds(np.ones(4), None, 0))

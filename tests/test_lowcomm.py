@@ -10,7 +10,8 @@ import torch
 
 from conftest import train_final
 from gossamer.algorithms.demo import DecoupledMomentum, demo_blocks
-from gossamer.algorithms.diloco import DiLoCo, OuterSGD, fragment_columns
+from gossamer.algorithms.diloco import DiLoCo, fragment_columns
+from gossamer.outer import nesterov_outer
 from gossamer.algorithms.sparta import Sparta
 from gossamer.algorithms import Step
 from gossamer.cli import main
@@ -136,7 +137,7 @@ def diloco_reference(X, B, lr, steps, H, fragments, delay=0, alpha=0.0, outer_lr
 def schedule(H, fragments, compression="none", delay=0, alpha=0.0, like=None, beta=1.0):
     comp = None if compression == "none" else [build_compressor(compression, n, like[:, c], decay=beta)
                                                 for n, c in fragments]
-    return DiLoCo(H, [OuterSGD(0.7, 0.9) for _ in fragments], [], [c for _, c in fragments], comp, delay, alpha)
+    return DiLoCo(H, [nesterov_outer(0.7, 0.9) for _ in fragments], [], [c for _, c in fragments], comp, delay, alpha)
 
 
 def identical_start(n=4, d=6):
@@ -204,7 +205,7 @@ def test_noloco_on_the_complete_graph_is_diloco():
 def test_noloco_matches_its_update_rule_and_gossips_both_models():
     X, B = quadratic(n=8, d=6)
     topology = build_topology("one-peer-exponential", 8)
-    sched = DiLoCo(2, [OuterSGD(0.7, 0.9)], [], [slice(0, 6)], topology=topology, gamma=0.5)
+    sched = DiLoCo(2, [nesterov_outer(0.7, 0.9)], [], [slice(0, 6)], topology=topology, gamma=0.5)
     got = drive(sched, X.clone(), B, 9, 0.1)
     X, outer, m = X.clone(), X.clone(), torch.zeros_like(X)
     for t in range(9):

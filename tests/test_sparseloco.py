@@ -13,7 +13,8 @@ import math
 import pytest
 import torch
 
-from gossamer.algorithms.diloco import DiLoCo, OuterSGD
+from gossamer.algorithms.diloco import DiLoCo
+from gossamer.outer import nesterov_outer
 from gossamer.codecs import build_compressor
 from gossamer.config import load_config
 from gossamer.engines.base import Gathered
@@ -104,7 +105,7 @@ def sparseloco_reference(X, B, lr, steps, H, shapes, k, chunk, beta):
 
 def schedule(H, spec, like, shapes, beta):
     numels = [math.prod(s) for s in shapes]
-    return DiLoCo(H, [OuterSGD(1.0, 0.0)], [], [slice(None)],
+    return DiLoCo(H, [nesterov_outer(1.0, 0.0)], [], [slice(None)],
                   [build_compressor(spec, numels, like, decay=beta, shapes=shapes)])
 
 

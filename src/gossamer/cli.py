@@ -21,6 +21,7 @@ import torch
 from . import __version__, plugins
 from .checkpoint import check_checkpoint, check_fits, check_resumable, restore
 from .codecs import CODECS
+from .outer import OUTER_OPTIMIZERS
 from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
 from .registry import short
 from .network import PRESETS, NetworkConfig
@@ -503,7 +504,8 @@ def cmd_repro(args) -> int:
 def _registry_help() -> str:
     """What each concept offers, from its registry: names, one line each, and their own keys."""
     parts = []
-    for kind, registry in {**KINDS, "topology": TOPOLOGIES, "compression": CODECS}.items():
+    for kind, registry in {**KINDS, "topology": TOPOLOGIES, "compression": CODECS,
+                           "outer_optimizer": OUTER_OPTIMIZERS}.items():
         lines = []
         for e in registry.entries.values():
             keys = f" [keys: {', '.join(e.keys)}]" if e.keys else ""

@@ -13,7 +13,8 @@ same decorators the built-ins use, e.g.::
   with ``requires_why``: the values it sets of other keys), CODECS, TOPOLOGIES, OPTIMIZERS
   (``(cfg, X, decay)``; with the trait ``matrices=True``, ``(cfg, X, decay, matrices)``: the slots
   of the hidden weight matrices, as Muon takes them), MODELS (``(cfg, data) -> nn.Module``),
-  DATASETS (``(cfg) -> Dataset``);
+  DATASETS (``(cfg) -> Dataset``), OUTER_OPTIMIZERS (``(cfg) -> OuterOptimizer``: the outer step of
+  DiLoCo and asynchronous local SGD, e.g. a staleness-aware rule; :class:`OuterOptimizer`);
 - the schedule protocol: :class:`Schedule`, :class:`Step`, :class:`StepIO`, :class:`Stepped`,
   :class:`Context`, :func:`synchronous_step`, :func:`shared_rows`; the gossip graph of an
   algorithm: :class:`GraphOptions`, :func:`build_graph`, :func:`gossip_state`;
@@ -33,11 +34,12 @@ from .data import DATASETS, Dataset
 from .faults import REJOIN_MODES
 from .models import MODELS
 from .optim import OPTIMIZERS
+from .outer import OUTER_OPTIMIZERS, OuterOptimizer
 from .registry import ConfigError
 from .rng import declare, host_stream
 from .topology import TOPOLOGIES, Mixing, Topology, drop_slots
 
 __all__ = ["ALGORITHMS", "CODECS", "ConfigError", "Context", "DATASETS", "Dataset", "GossipOptions", "GraphOptions",
-           "MODELS", "Mixing", "OPTIMIZERS", "REJOIN_MODES", "Schedule", "Step", "StepIO", "Stepped", "TOPOLOGIES",
+           "MODELS", "Mixing", "OPTIMIZERS", "OUTER_OPTIMIZERS", "OuterOptimizer", "REJOIN_MODES", "Schedule", "Step", "StepIO", "Stepped", "TOPOLOGIES",
            "Topology", "build_graph", "declare", "drop_slots", "gossip_state", "host_stream", "shared_rows",
            "synchronous_step"]

@@ -55,6 +55,9 @@ the workers it needs, then costs its time τ (the formulas above) on each worker
 - a gossip round W: each worker that sends or receives a message T_i ← max_{j : W_ij ≠ 0} T_j + τ
   (i's in-neighbours and itself); a worker with no link that round waits for nobody;
 - a one-sided exchange (AD-PSGD's pair average): its initiator T_i ← T_i + τ, nobody waits;
+- a push or pull between worker i and a parameter server (asynchronous local SGD): T_i ← T_i + q + τ,
+  τ = α + b/β of the inter-node link, q the wait the schedule decided for the server's shared
+  link or its grace window (:mod:`gossamer.algorithms.async_local`), idle time;
 - a local step: nobody.
 
 With ``overlap``, the transfers behind the backward pass start at its start, T_i + c_i/3, a
@@ -209,6 +212,8 @@ class NetworkConfig:
         inter, intra, w = self.link, self.intra_link, self.workers_per_node
         if transfer.nbytes == 0:  # nothing to send (the buffers of a model without any)
             return 0.0
+        if transfer.op in ("push", "pull"):  # the server is on no worker's node
+            return inter.message(transfer.nbytes)
         if transfer.op == "gossip":
             k_intra, k_inter = gossip_degrees(transfer.mixing, w)
             return max(k_intra * intra.message(transfer.nbytes), k_inter * inter.message(transfer.nbytes))
@@ -386,9 +391,13 @@ def taking_part(transfer: Transfer) -> np.ndarray:
 
 def wait(clocks: np.ndarray, transfer: Transfer) -> np.ndarray:
     """When each worker can start ``transfer`` (those not taking part: now): the latest clock of
-    the workers it waits for."""
+    the workers it waits for; a one-sided one's initiator after its ``queued`` wait."""
     if transfer.initiator is not None:
-        return clocks
+        if not transfer.queued:
+            return clocks
+        start = clocks.copy()
+        start[transfer.initiator] += transfer.queued
+        return start
     if transfer.op == "gossip":
         mixing = transfer.mixing
         senders = mixing.plan(("in-neighbours",), lambda: np.where(mixing.weight != 0, mixing.index,

@@ -18,12 +18,22 @@ HEADER = ("# Reference\n\nGenerated from the code by `python -m gossamer.referen
 
 
 def comments(cls: type) -> dict[str, str]:
-    """The comment of each field of a dataclass: on its line, or on the comment lines just above it."""
+    """The comment of each field of a dataclass: on its line, or on the comment lines just above it
+    (in the class that declares it last: a subclass's overrides its base's)."""
+    found = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            found.update(_declared_comments(klass, {f.name for f in dataclasses.fields(cls)}))
+    return found
+
+
+def _declared_comments(cls: type, names: set[str]) -> dict[str, str]:
+    """The comments of the fields ``names`` in the source of ``cls`` itself."""
     try:
         source = inspect.getsource(cls)
     except (OSError, TypeError):
         return {}
-    found, above, names = {}, [], {f.name for f in dataclasses.fields(cls)}
+    found, above = {}, []
     lines = source.splitlines()
     for token in tokenize.generate_tokens(io.StringIO(source).readline):
         if token.type != tokenize.COMMENT:

@@ -222,7 +222,7 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     clock = build_clock(cfg, model, data, task.loss, device)
     context = Context(workers.X, [s.numel for s in workers.param_slots], list(optimizer.rows.values()), steps,
                       reference, total_steps=cfg.epochs * steps, clock=clock,
-                      shapes=[tuple(s.shape) for s in workers.param_slots])
+                      shapes=[tuple(s.shape) for s in workers.param_slots], optimizer=optimizer)
     schedule = build_schedule(cfg, context)
     if engine.adversary is not None:
         _check_robust_gossip_memory(engine.m, workers.d, graph_of(schedule), dtype, device)
@@ -397,7 +397,7 @@ def averaged_model(run: Run, t: int) -> torch.nn.Module:
     of the workers' (``average``), or re-estimated with x̄ (``recompute``: reset, then the
     cumulative mean of the batch statistics of x̄ on :func:`recompute_batches`)."""
     w, e = run.workers, run.engine
-    model = w.model_at(e.mean_row(w.X), e.mean_row(w.B))
+    model = w.model_at(run.schedule.model_row(e, w.X), e.mean_row(w.B))
     if run.cfg.bn_eval == "recompute":
         with torch.no_grad():
             update_bn(recompute_batches(run, t), model)

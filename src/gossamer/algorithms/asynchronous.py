@@ -170,19 +170,25 @@ class ADPSGD(Schedule):
             getattr(self, key).copy_(rows)
 
 
+def check_event_driven(cfg) -> None:
+    """What an event-driven simulation needs: engine sim, and with a network, the compute times
+    known before the events run."""
+    if cfg.engine != "sim":
+        raise ConfigError(f"algorithm {cfg.algorithm} runs only on engine sim (an event-driven simulation); engine "
+                          f"{cfg.engine} does not run it")
+    if cfg.network is not None and (cfg.compute_ms is None or cfg.compute_ms == "measured"):
+        raise ConfigError(f"algorithm {cfg.algorithm} orders its events by the simulated clock: give compute_ms in "
+                          f"milliseconds or as flops:TFLOPS, not measured")
+
+
 @dataclass
 class ADPSGDOptions(GraphOptions):
     def validate(self, cfg) -> None:
         super().validate(cfg)
-        if cfg.engine != "sim":
-            raise ConfigError(f"algorithm ad-psgd runs only on engine sim (an event-driven simulation); engine "
-                              f"{cfg.engine} does not run it")
+        check_event_driven(cfg)
         if cfg.average_optimizer_state:
             raise ConfigError("algorithm ad-psgd averages only the parameters of a pair: use "
                               "average_optimizer_state: false")
-        if cfg.network is not None and (cfg.compute_ms is None or cfg.compute_ms == "measured"):
-            raise ConfigError("algorithm ad-psgd orders its events by the simulated clock: give compute_ms in "
-                              "milliseconds or as flops:TFLOPS, not measured")
 
 
 @ALGORITHMS.register("ad-psgd", options=ADPSGDOptions, example=("topology=ring",),

@@ -19,50 +19,15 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Protocol
-
 import torch
 
 from ..codecs import ERROR_FEEDBACK, Compressor, build_compressor, check_spec
 from ..faults import REJOIN_MODES
-from ..optim import SGD
+from ..outer import OuterOptions, OuterSchedule, OuterStep, build_outer
 from ..registry import ConfigError, positive_ints, short
 from ..topology import TOPOLOGIES, Topology, build_topology
 from .peer import gossip_together
 from .schedule import ALGORITHMS, Context, Schedule, Step
-
-
-class OuterOptimizer(Protocol):
-    """DiLoCo's outer optimizer: moves x_outer (a row per local worker) along −Δ, in place."""
-
-    def start(self, x_outer: torch.Tensor) -> None: ...
-
-    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor) -> None: ...
-
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> None: ...
-
-
-@dataclass
-class OuterSGD:
-    """SGD with Nesterov momentum (none when ``momentum`` is 0) at learning rate ``lr``."""
-
-    lr: float
-    momentum: float
-    sgd: SGD | None = None
-
-    def start(self, x_outer: torch.Tensor) -> None:
-        self.sgd = SGD(x_outer, self.momentum, self.momentum > 0)
-
-    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor) -> None:
-        self.sgd.step(x_outer, pseudo_gradient, self.lr)
-
-    def state_dict(self) -> dict:
-        return self.sgd.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.sgd.load_state_dict(state)
 
 
 def fragment_columns(numels: list[int], fragments: int) -> list[slice]:
@@ -89,8 +54,9 @@ class DiLoCo(Schedule):
     Fragment j (columns ``fragments[j]``; one fragment: the whole row) is sent after step t when
     t + 1 − o_j ≥ 0 is a multiple of H, o_j = ⌊jH/F⌋: Δ = x_outer − mean_i x_i (one all-reduce)
     or, ``compressors`` set, mean_i C(x_outer − x_i + e_i) (an all-gather of the messages); the
-    outer optimizer of the fragment (``OuterSGD``: Nesterov SGD, lr ``outer_lr``; in the library
-    API the user's own) moves x_outer along −Δ. After step t + τ (``delay``) it is applied:
+    outer optimizer of the fragment (:mod:`gossamer.outer`: ``outer_optimizer``, Nesterov SGD at lr
+    ``outer_lr`` by default, with its schedule; in the library API the user's own) moves x_outer
+    along −Δ. After step t + τ (``delay``) it is applied:
     x_i ← α x_i + (1 − α) x_outer (``alpha``; the worker has taken τ more inner steps; the time
     model lets the send run behind min(τ, ⌊H/F⌋) steps of compute). One
     fragment, τ = 0, α = 0 is DiLoCo: x_i ← x_outer; with outer lr 1 and momentum 0 that is local
@@ -120,7 +86,7 @@ class DiLoCo(Schedule):
     """
 
     local_steps: int
-    outers: list[OuterOptimizer]
+    outers: list[OuterStep]
     shared_state: list[torch.Tensor] = field(default_factory=list)
     fragments: list[slice] = field(default_factory=lambda: [slice(None)])
     compressors: list[Compressor] | None = None
@@ -190,7 +156,7 @@ class DiLoCo(Schedule):
                 mean = X[:, cols].clone()
                 engine.allreduce_mean_(mean)
                 gradient = outer - mean
-        self.outers[j].step(outer, gradient)
+        self.outers[j].step(outer, gradient, t)
 
     def _overlapped_step(self, engine, X: torch.Tensor, j: int, t: int) -> None:
         """Fragment j's delayed or eager outer step (class docstring): this round's Δ leaves, to be
@@ -209,10 +175,10 @@ class DiLoCo(Schedule):
         previous = self.pending[j]
         if self.overlap == "delayed":
             if not self.first_send(j, t):  # the first round has no outer gradient in hand: no outer step
-                self.outers[j].step(outer, previous)
+                self.outers[j].step(outer, previous, t)
         else:
             share = 1.0 / self.replicas  # own/M + (Δ^(r−1) − own^(r−1)/M): M = 1 is DiLoCo bit for bit
-            self.outers[j].step(outer, own.mul(share).add_(previous.sub_(self.own[j], alpha=share)))
+            self.outers[j].step(outer, own.mul(share).add_(previous.sub_(self.own[j], alpha=share)), t)
             self.own[j].copy_(own)
         self.pending[j] = fresh
 
@@ -221,7 +187,7 @@ class DiLoCo(Schedule):
         delta, neighbours = self.x_outer - X, self.x_outer.clone()
         gossip_together(engine, self.topology.mixing((t + 1) // self.local_steps - 1), delta, neighbours,
                         *self.shared_state)
-        self.outers[0].step(self.x_outer, delta.add_(self.x_outer - neighbours, alpha=self.gamma))
+        self.outers[0].step(self.x_outer, delta.add_(self.x_outer - neighbours, alpha=self.gamma), t)
 
     def state_dict(self) -> dict:
         rows = {"x_outer": self.x_outer}
@@ -247,10 +213,8 @@ class DiLoCo(Schedule):
 
 
 @dataclass
-class DiLoCoOptions:
+class DiLoCoOptions(OuterOptions):
     local_steps: int = 1  # H: inner steps per outer step
-    outer_lr: float = 0.7
-    outer_momentum: float = 0.9  # Nesterov
     compression: str = "none"  # the pseudo-gradients' codec (all-gathered): ef-top-k:0.03+quant:2, ...
     ef_decay: float = 1.0  # β: the error-feedback buffer e ← βe + Δ before it is compressed (SparseLoCo; 1: plain)
     fragments: int = 1  # F: Streaming DiLoCo's fragments, synced at staggered steps
@@ -263,12 +227,10 @@ class DiLoCoOptions:
 
     def validate(self, cfg) -> None:
         positive_ints(self, "local_steps", "fragments")
+        super().validate(cfg)
         if cfg.average_optimizer_state:
             raise ConfigError("average_optimizer_state does not apply to algorithm diloco: each worker keeps its "
                               "inner optimizer state across outer steps, as in the DiLoCo paper")
-        if not self.outer_lr > 0 or not 0 <= self.outer_momentum < 1:
-            raise ConfigError(f"diloco needs outer_lr > 0 and outer_momentum in [0, 1), "
-                              f"got {self.outer_lr} and {self.outer_momentum}")
         if self.compression != "none":
             check_spec(self.compression)
         if self.ef_decay != 1.0 and not self.compression.startswith(ERROR_FEEDBACK):
@@ -330,8 +292,8 @@ class DiLoCoOptions:
                           "(SparseLoCo), streaming (fragments) or on an outer topology (NoLoCo)")
 def _diloco(cfg, ctx: Context) -> DiLoCo:
     fragments = fragment_columns(ctx.numels, cfg.fragments)
-    outers = [ctx.outer_optimizer(cols) if ctx.outer_optimizer else OuterSGD(cfg.outer_lr, cfg.outer_momentum)
-              for cols in fragments]
+    outers = [OuterStep(ctx.outer_optimizer(cols), OuterSchedule(cfg.outer_lr, cfg.outer_momentum))
+              if ctx.outer_optimizer else build_outer(cfg, ctx.total_steps) for cols in fragments]
     shapes = ctx.shapes or [(n,) for n in ctx.numels]
     compressors = None if cfg.compression == "none" else \
         [build_compressor(cfg.compression, ctx.numels[_tensors(ctx.numels, cols)], ctx.X[:, cols], cfg.seed,

@@ -74,6 +74,10 @@ class Schedule:
     def averages_gradients(self, t: int) -> bool:
         return False
 
+    def model_row(self, engine, X: torch.Tensor) -> torch.Tensor:
+        """The model the run evaluates, a row [d]: x̄, the workers' mean (a server's θ where there is one)."""
+        return engine.mean_row(X)
+
     def on_gradients(self, engine, X: torch.Tensor, G: torch.Tensor, step: Step) -> None:
         pass
 
@@ -106,6 +110,7 @@ class Context:
     outer_optimizer: object | None = None  # DiLoCo: fragment's columns -> a user's outer optimizer on them
     clock: object | None = None  # the run's network.Clock (with a network section): event-driven schedules' time
     shapes: list[tuple[int, ...]] = field(default_factory=list)  # the parameter tensors' shapes (of numels)
+    optimizer: object | None = None  # the local RowOptimizer (its reset_ of a worker's state)
 
 
 # (local rows that compute, None: all; the models to take them at, None: X; each row's batch count;

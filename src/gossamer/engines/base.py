@@ -44,7 +44,7 @@ import torch
 from ..byzantine import Adversary
 from ..groups import Groups
 from ..topology import Mixing, from_rows, keep_living
-from .ledger import METRICS, REJOIN, Ledger, Transfer, row_bytes
+from .ledger import METRICS, REJOIN, SERVER, Ledger, Transfer, row_bytes
 
 
 def combine(parts: Iterable[torch.Tensor], weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -187,6 +187,12 @@ class Engine:
         groups = self.living(groups)
         self._groups_mean_(X, groups)
         self._record(Transfer("allreduce", row_bytes(X), level, groups=groups))
+
+    def server_message(self, op: str, nbytes: int, worker: int, queued: float = 0.0) -> None:
+        """A ``push`` (worker → parameter server) or ``pull`` (server → worker) of ``nbytes``, that
+        ``worker`` waited ``queued`` seconds to start: recorded, level ``server``. The simulator
+        holds every row, so the schedule moves the data (asynchronous local SGD)."""
+        self._record(Transfer(op, nbytes, SERVER, groups=self._everyone, initiator=worker, queued=queued))
 
     def allreduce_mean_(self, X: torch.Tensor, site: str = "rows") -> None:
         """Exact average: every (living) row becomes the mean of the (living) rows, in place. With

@@ -11,7 +11,9 @@ worker (means over all n workers, a gone or idle worker sending nothing):
   messages from each member;
 - a ring all-gather of one b-byte message per member sends (g − 1) · b bytes in g − 1 messages;
 - a gossip round sends worker j's b bytes to every i ≠ j with W_ij ≠ 0 (what i mixes in or
-  copies); a rejoining worker's fetch is one: each living neighbour's rows to it.
+  copies); a rejoining worker's fetch is one: each living neighbour's rows to it;
+- a ``push`` or ``pull`` is one b-byte message between one worker and a parameter server (its
+  pseudo-gradient up, the model down), counted on that worker's link either way.
 
 The algorithm's own traffic (``rounds``, ``messages_per_worker``, ``bytes_per_worker`` and their
 split by level: :data:`LEVELS`) is everything an algorithm consumes — its averages and gossip
@@ -37,9 +39,10 @@ import numpy as np
 
 from ..groups import Groups
 
-CONTROL, REJOIN = "control", "rejoin"
-# all-reduce of all workers, inside groups, gossip rounds, what control decides from, rejoining workers' fetches
-LEVELS = ("global", "block", "gossip", CONTROL, REJOIN)
+CONTROL, REJOIN, SERVER = "control", "rejoin", "server"
+# all-reduce of all workers, inside groups, gossip rounds, what control decides from, rejoining workers' fetches,
+# messages between a worker and a parameter server
+LEVELS = ("global", "block", "gossip", CONTROL, REJOIN, SERVER)
 METRICS = "metrics"  # the level of measurement traffic, counted apart
 
 
@@ -52,8 +55,10 @@ class Transfer:
     of :data:`LEVELS`, or :data:`METRICS`; what computation it overlaps: ``backward``, the
     backward pass of the step that sends it (the gradient all-reduce, bucketed as DDP does), or
     ``behind`` > 0, the next steps' compute (Streaming DiLoCo's fragments), or neither;
-    ``initiator``: a one-sided exchange (AD-PSGD's pair average) that only this worker waits for
-    and spends time on, its peer passive."""
+    ``initiator``: a one-sided exchange (AD-PSGD's pair average, a push or pull between a worker
+    and a server, ``groups`` then the workers the server serves) that only this worker waits for
+    and spends time on, its peer passive; ``queued``: the seconds it waits to start (a server's
+    link busy with another's message, a grace window open)."""
 
     op: str
     nbytes: float
@@ -63,6 +68,7 @@ class Transfer:
     behind: int = 0
     backward: bool = False
     initiator: int | None = None
+    queued: float = 0.0
 
     @property
     def n(self) -> int:
@@ -74,6 +80,8 @@ class Transfer:
         if self.op == "gossip":
             peers = self.mixing.messages_per_worker
             return peers, peers * self.nbytes
+        if self.op in ("push", "pull"):
+            return 1 / self.n, self.nbytes / self.n
         g = self.groups.sizes.astype(np.int64)
         if self.op == "allreduce":
             return float((2 * (g - 1) * g).sum()) / self.n, float((2 * (g - 1)).sum()) * self.nbytes / self.n

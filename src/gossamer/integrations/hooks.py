@@ -422,7 +422,7 @@ class DiLoCo(Synchronizer):
         super().__init__(model, inner_optimizer, options, **kwargs)
 
     def _context(self) -> dict:
-        # the user's outer optimizer on each fragment's columns instead of the CLI's OuterSGD
+        # the user's outer optimizer on each fragment's columns instead of the CLI's outer_optimizer
         return {"outer_optimizer": lambda cols: _TorchOuter(self, cols)}
 
     def _ended_synced(self) -> bool:
@@ -443,7 +443,8 @@ class DiLoCo(Synchronizer):
 
 class _TorchOuter:
     """The user's torch optimizer as DiLoCo's outer optimizer of the columns ``cols`` (a fragment of
-    whole parameter tensors; :class:`gossamer.algorithms.OuterOptimizer`): the fragment's parameters
+    whole parameter tensors; :class:`gossamer.outer.OuterOptimizer`, its own lr and momentum: the
+    schedule's are not used): the fragment's parameters
     (views into X) take x_outer and their gradients Δ, the others' gradients are None (so the
     optimizer leaves them and their state alone); it steps; x_outer ← X; the worker's own
     parameters are put back (they are applied τ steps later, in the schedule)."""
@@ -457,7 +458,7 @@ class _TorchOuter:
     def start(self, x_outer: torch.Tensor) -> None:
         pass
 
-    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor) -> None:
+    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor, lr: float, momentum: float) -> None:
         sync, cols = self.sync, self.cols
         own = sync.X[:, cols].clone()
         sync.X[:, cols] = x_outer
