@@ -7,6 +7,7 @@ asynchronous local SGD with equal speeds and all n pushes in one window is DiLoC
 traffic and the clock against closed forms."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_outer_schedules_are_their_closed_forms():
     assert lr == pytest.approx(0.8 * 0.5) and momentum == pytest.approx(0.9 * 0.5)
     assert OuterSchedule(1.3, 0.9, total=10).at(7, 9) == (1.3, 0.9)  # an outer lr above 1 is legal
     outer, seen = OuterStep(Momentum(False, 0.9), OuterSchedule(1.0, 0.0, lr_warmup=2)), []
-    outer.optimizer.step = lambda x, g, lr, momentum: seen.append(lr)
+    outer.optimizer.step = lambda x, g, lr, momentum, staleness: seen.append(lr)
     for t in range(3):
         outer.step(None, None, t)
     assert seen == [0.5, 1.0, 1.0] and outer.steps == 3
@@ -119,6 +120,9 @@ def test_dylu_gives_each_worker_its_share_of_the_fastest_workers_steps():
                        "slow_workers=0.5@8", "dylu=true", "dylu_min_steps=3")
     assert sorted(local_steps_of(cfg)) == [3, 3, 6, 6]
     assert local_steps_of(small_config("algorithm=async-local-sgd", "local_steps=6")) == [6] * 4
+    cfg = small_config("algorithm=async-local-sgd", "local_steps=20", "network=ethernet-1g", "compute_ms=1",
+                       "worker_speeds=[0.58,0.75,1.51,3.33]", "dylu=true")  # the authors' toy's speeds
+    assert local_steps_of(cfg) == [20, 15, 7, 3]
 
 
 @pytest.mark.parametrize("inner", [["optimizer=sgd", "momentum=0.9"], ["optimizer=adamw"]])
@@ -214,6 +218,11 @@ def test_a_grace_window_holds_the_pushes_of_the_faster_workers():
     (["network=ethernet-1g"], "give compute_ms in milliseconds"),
     (["network=ethernet-1g", "compute_ms=1", "network.count_metrics=true"], "count_metrics holds every worker"),
     (["average_optimizer_state=true"], "keeps each worker's optimizer state"),
+    (["worker_speeds=[1,2]"], "worker_speeds applies only with a network section"),
+    (["network=ethernet-1g", "compute_ms=1", "worker_speeds=[1,2]"], "worker_speeds must be a list of 16 numbers > 0"),
+    (["network=ethernet-1g", "compute_ms=1", "worker_speeds=[1,2,0,1]"], "worker_speeds must be a list of 16"),
+    (["network=ethernet-1g", "compute_ms=1", "worker_speeds=[1,2,3,4]", "slow_workers=0.5@2"],
+     "give slow_workers or worker_speeds, not both"),
 ])
 def test_bad_async_options_are_refused_in_one_line(overrides, fragment, capsys):
     one_line_error(capsys, ["train", *sets("algorithm=async-local-sgd", "num_samples=1000", *overrides)], fragment)
@@ -239,3 +248,34 @@ def test_evaluation_is_of_the_servers_model():
     assert torch.equal(run.schedule.model_row(run.engine, run.workers.X), run.schedule.theta[0])
     assert not torch.equal(run.schedule.theta[0], run.engine.mean_row(run.workers.X))
     assert math.isfinite(float(run.schedule.theta.sum()))
+
+
+def test_a_plugin_outer_optimizer_is_given_each_pushs_staleness(tmp_path):
+    """docs/extending.md's staleness-aware rule, registered from its text: it steps once a push, with
+    the staleness the server counted, and moves θ by −ε·g/(1 + τ)."""
+    import re
+
+    from gossamer.outer import OUTER_OPTIMIZERS
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "extending.md").read_text()
+    section = text[text.index("## An outer optimizer"):]
+    namespace = {}
+    exec(re.search(r"```python\n(.*?)```", section, re.S).group(1), namespace)
+    try:
+        cfg = small_config("algorithm=async-local-sgd", "local_steps=2", "outer_optimizer=damped", "epochs=1",
+                           "network.bandwidth=1", "network.latency=100", "compute_ms=1", "slow_workers=0.5@2")
+        run = build_run(cfg)
+        seen, step = [], run.schedule.outer.optimizer.step
+
+        def recorded(x_outer, g, lr, momentum, staleness=0):
+            before = x_outer.clone()
+            expected = before - lr * g / (1 + staleness)
+            step(x_outer, g, lr, momentum, staleness)
+            torch.testing.assert_close(x_outer, expected, rtol=0, atol=1e-15)
+            seen.append(staleness)
+        run.schedule.outer.optimizer.step = recorded
+        summary = train(cfg, run)
+    finally:
+        del OUTER_OPTIMIZERS.entries["damped"]
+    assert len(seen) == summary["server_version"] and max(seen) == summary["staleness_max"] > 0
+    assert sum(seen) / len(seen) == pytest.approx(summary["staleness_mean"])

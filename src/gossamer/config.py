@@ -32,7 +32,7 @@ from .engines import ENGINES
 from .models import MODELS
 from .byzantine import ByzantineConfig
 from .faults import FaultsConfig
-from .network import NetworkConfig, check_compute, parse_jitter, parse_slow_workers
+from .network import NetworkConfig, check_compute, check_worker_speeds, parse_jitter, parse_slow_workers
 from . import plugins
 from .optim import OPTIMIZERS
 from .registry import ConfigError, Registry, positive_ints, short
@@ -106,6 +106,8 @@ class Config:
     network: NetworkConfig | None = field(default=None, metadata={"section": NetworkConfig})
     compute_ms: float | str | None = None  # one worker's step: measured (the default), ms, or flops:TFLOPS
     slow_workers: str | None = None  # F@X: a fraction F of the workers (drawn from the seed) computes X times slower
+    # each worker's compute time as a multiple of compute_ms, one per worker (instead of slow_workers' draw)
+    worker_speeds: list[float] | None = None
     compute_jitter: str | None = None  # lognormal:S: every worker's step × a log-normal factor (σ = S, mean 1)
     target_accuracy: float | None = None  # summary: steps (and simulated seconds) to this test accuracy
     target_loss: float | None = None  # ... or to this test loss (language models)
@@ -198,13 +200,15 @@ class Config:
             self.network.validate(self)
             check_compute(self.compute_ms if self.compute_ms is not None else "measured")
         else:
-            for key in ("compute_ms", "slow_workers", "compute_jitter"):
+            for key in ("compute_ms", "slow_workers", "worker_speeds", "compute_jitter"):
                 if getattr(self, key) is not None:
                     raise ConfigError(f"{key} applies only with a network section (network: PRESET or "
                                       f"network.bandwidth and network.latency): it sets the compute time of the "
                                       f"simulated clock")
         if self.slow_workers is not None:
             parse_slow_workers(self.slow_workers)
+        if self.worker_speeds is not None:
+            check_worker_speeds(self.worker_speeds, self.workers, self.slow_workers)
         if self.compute_jitter is not None:
             parse_jitter(self.compute_jitter)
         if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:

@@ -44,7 +44,8 @@ workers it ran), a number of milliseconds, or ``flops:TFLOPS`` (one worker's for
 backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOPS·10¹²).
 
 **Per-worker clocks.** Worker i has its own clock T_i and computes c_i(t) = c·s_i·ε_i(t): s_i = X
-for the ⌈F·n⌉ workers that ``slow_workers: F@X`` draws once from the seed (else 1), ε_i(t) a
+for the ⌈F·n⌉ workers that ``slow_workers: F@X`` draws once from the seed (else 1), or s_i the
+i-th of ``worker_speeds`` (one per worker), ε_i(t) a
 log-normal factor of mean 1, exp(σz − σ²/2) with z ~ N(0, 1) drawn from (seed, t, i), with
 ``compute_jitter: lognormal:σ`` (else 1). The clock reads the step's ledger
 (:mod:`gossamer.engines.ledger`) in order: a computation costs c_i(t) on the workers that
@@ -326,6 +327,16 @@ def parse_slow_workers(value: str) -> tuple[float, float]:
     return fraction, factor
 
 
+def check_worker_speeds(speeds, workers: int, slow_workers: str | None) -> None:
+    """``worker_speeds``: one finite s_i > 0 per worker, not with ``slow_workers``."""
+    if slow_workers is not None:
+        raise ConfigError("give slow_workers or worker_speeds, not both: both set the workers' speeds")
+    if not isinstance(speeds, list) or len(speeds) != workers or not all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < math.inf for s in speeds):
+        raise ConfigError(f"worker_speeds must be a list of {workers} numbers > 0 (each worker's compute time as a "
+                          f"multiple of compute_ms), got {short(speeds)}")
+
+
 def parse_jitter(value: str) -> float:
     """``compute_jitter: lognormal:σ`` → σ ∈ (0, MAX_SIGMA]."""
     text = str(value)
@@ -349,7 +360,7 @@ class Speeds:
 
     @classmethod
     def of(cls, cfg) -> Speeds:
-        slow = np.ones(cfg.workers)
+        slow = np.ones(cfg.workers) if cfg.worker_speeds is None else np.array(cfg.worker_speeds, dtype=np.float64)
         if cfg.slow_workers is not None:
             fraction, factor = parse_slow_workers(cfg.slow_workers)
             chosen = host_stream("slow-workers", cfg.seed).permutation(cfg.workers)

@@ -16,7 +16,8 @@ pseudo-gradient Δ at the ε and β the schedule gives that step (:class:`OuterS
   Δ_buf ← 0; else x ← x − ε(cβm + Δ_t/N). N = 1, c = 0 is ``nesterov``.
 
 A plugin registers another (``@OUTER_OPTIMIZERS.register(name, help=...)`` on a builder
-``(cfg, rows) -> OuterOptimizer``), e.g. a staleness-aware rule.
+``(cfg) -> OuterOptimizer``), e.g. a staleness-aware rule: each step is given the staleness of
+its pseudo-gradient.
 
 **Schedules** (:class:`OuterSchedule`): the k-th outer step (from 0) taken at loop step t of T
 uses ε_k = ε·w(k, K_ε)·d(t/T) and β_k = β·w(k, K_β)·d_β(t/T), with the linear warm-up
@@ -43,11 +44,14 @@ ADAM_BETA2, ADAM_EPS = 0.999, 1e-8
 
 
 class OuterOptimizer(Protocol):
-    """Moves the rows of x_outer along −Δ, in place, at learning rate ``lr`` and momentum ``momentum``."""
+    """Moves the rows of x_outer along −Δ, in place, at learning rate ``lr`` and momentum
+    ``momentum``; ``staleness``: the outer steps taken since the model Δ was computed from (a
+    server's τ of the push; 1 for DiLoCo's delayed step; else 0), for a staleness-aware rule."""
 
     def start(self, x_outer: torch.Tensor) -> None: ...
 
-    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor, lr: float, momentum: float) -> None: ...
+    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor, lr: float, momentum: float,
+             staleness: int = 0) -> None: ...
 
     def state_dict(self) -> dict: ...
 
@@ -66,7 +70,7 @@ class Momentum:
     def start(self, x_outer: torch.Tensor) -> None:
         self.rows = {"momentum": torch.zeros_like(x_outer)} if self.momentum else {}
 
-    def step(self, x_outer, pseudo_gradient, lr, momentum) -> None:
+    def step(self, x_outer, pseudo_gradient, lr, momentum, staleness=0) -> None:
         if not self.rows:
             x_outer.add_(pseudo_gradient, alpha=-lr)
             return
@@ -91,7 +95,7 @@ class OuterAdam:
     def start(self, x_outer: torch.Tensor) -> None:
         self.adam = Adam(x_outer, (0.9, ADAM_BETA2), ADAM_EPS)
 
-    def step(self, x_outer, pseudo_gradient, lr, momentum) -> None:
+    def step(self, x_outer, pseudo_gradient, lr, momentum, staleness=0) -> None:
         self.adam.betas = (momentum, ADAM_BETA2)
         self.adam.step(x_outer, pseudo_gradient, lr)
 
@@ -114,7 +118,7 @@ class DelayedNesterov:
     def start(self, x_outer: torch.Tensor) -> None:
         self.rows = {"momentum": torch.zeros_like(x_outer), "delta": torch.zeros_like(x_outer)}
 
-    def step(self, x_outer, pseudo_gradient, lr, momentum) -> None:
+    def step(self, x_outer, pseudo_gradient, lr, momentum, staleness=0) -> None:
         m, delta, N, c = self.rows["momentum"], self.rows["delta"], self.buffer, self.spread
         delta.add_(pseudo_gradient)
         self.arrivals += 1
@@ -199,9 +203,9 @@ class OuterStep:
     def start(self, x_outer: torch.Tensor) -> None:
         self.optimizer.start(x_outer)
 
-    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor, t: int) -> None:
+    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor, t: int, staleness: int = 0) -> None:
         """One outer step at loop step t (``pseudo_gradient`` is used as scratch)."""
-        self.optimizer.step(x_outer, pseudo_gradient, *self.schedule.at(self.steps, t))
+        self.optimizer.step(x_outer, pseudo_gradient, *self.schedule.at(self.steps, t), staleness)
         self.steps += 1
 
     def state_dict(self) -> dict:

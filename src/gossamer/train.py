@@ -124,7 +124,8 @@ class Clean:
     @classmethod
     def build(cls, cfg: Config, data: Dataset) -> Clean:
         clean = copy.deepcopy(cfg)
-        clean.byzantine = clean.network = clean.compute_ms = clean.slow_workers = clean.compute_jitter = None
+        clean.byzantine = clean.network = clean.compute_ms = clean.slow_workers = clean.worker_speeds = None
+        clean.compute_jitter = None
         clean.target_accuracy = clean.target_loss = None
         run = build_run(clean, data=data)
         return cls(run, Progress(), Batches(run))

@@ -20,7 +20,7 @@ pulls the latest θ. γ = 0: a worker pulls at once after its push (pushes that 
 moment share the window).
 
 **DyLU** (``dylu``, the paper's dynamic local updates): H_w = max(H_min, ⌊(v_w / max v)·H⌋) with
-v_w = 1/s_w, the speeds of ``slow_workers``, and H_min ``dylu_min_steps``. **Inner state**
+v_w = 1/s_w, the speeds of ``slow_workers`` or ``worker_speeds``, and H_min ``dylu_min_steps``. **Inner state**
 (``inner_state``): kept across pulls (``keep``, as HALoS and DiLoCo), or reset at each pull
 (``reset``, as the authors' toy builds a fresh AdamW per round).
 
@@ -199,7 +199,7 @@ class AsyncLocalSGD(Schedule):
         weight = staleness_weight(self.weight, len(self.steps), staleness)
         if weight != 1.0:
             gradient.mul_(weight)
-        self.outer.step(self.theta, gradient, io.t)
+        self.outer.step(self.theta, gradient, io.t, staleness)
         self.version += 1
         self.staleness_sum += staleness
         self.staleness_max = max(self.staleness_max, staleness)
@@ -281,7 +281,7 @@ class AsyncLocalSGDOptions(OuterOptions):
     local_steps: int = 1  # H: inner steps per round (the fastest worker's, with dylu)
     async_weight: str = "unit"  # λ(τ) of a push: unit | constant (√n/n) | polynomial (√n/n·(1+τ)^-1/2)
     grace_window: float = 0.0  # γ: simulated seconds the server waits for more pushes before the pulls
-    dylu: bool = False  # H_w from the workers' speeds (slow_workers)
+    dylu: bool = False  # H_w from the workers' speeds (slow_workers or worker_speeds)
     dylu_min_steps: int = 1  # H_min of DyLU
     inner_state: str = "keep"  # keep | reset: the local optimizer's state at each pull
 
@@ -302,8 +302,9 @@ class AsyncLocalSGDOptions(OuterOptions):
         if cfg.network is not None and cfg.network.count_metrics:
             raise ConfigError("network.count_metrics holds every worker for a measurement; async-local-sgd has no "
                               "such barrier: use count_metrics: false")
-        if self.dylu and cfg.slow_workers is None:
-            raise ConfigError("dylu sets each worker's steps from its speed: it needs slow_workers (F@X)")
+        if self.dylu and cfg.slow_workers is None and cfg.worker_speeds is None:
+            raise ConfigError("dylu sets each worker's steps from its speed: it needs slow_workers (F@X) or "
+                              "worker_speeds")
         if not self.dylu and self.dylu_min_steps != 1:
             raise ConfigError("dylu_min_steps applies only with dylu: true")
 

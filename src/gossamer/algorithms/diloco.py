@@ -175,7 +175,7 @@ class DiLoCo(Schedule):
         previous = self.pending[j]
         if self.overlap == "delayed":
             if not self.first_send(j, t):  # the first round has no outer gradient in hand: no outer step
-                self.outers[j].step(outer, previous, t)
+                self.outers[j].step(outer, previous, t, staleness=1)
         else:
             share = 1.0 / self.replicas  # own/M + (Δ^(r−1) − own^(r−1)/M): M = 1 is DiLoCo bit for bit
             self.outers[j].step(outer, own.mul(share).add_(previous.sub_(self.own[j], alpha=share)), t)

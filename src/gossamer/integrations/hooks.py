@@ -458,7 +458,8 @@ class _TorchOuter:
     def start(self, x_outer: torch.Tensor) -> None:
         pass
 
-    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor, lr: float, momentum: float) -> None:
+    def step(self, x_outer: torch.Tensor, pseudo_gradient: torch.Tensor, lr: float, momentum: float,
+             staleness: int = 0) -> None:
         sync, cols = self.sync, self.cols
         own = sync.X[:, cols].clone()
         sync.X[:, cols] = x_outer
