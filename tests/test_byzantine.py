@@ -247,7 +247,7 @@ def _run(*overrides):
 @pytest.mark.parametrize("algorithm", [["algorithm=local", "local_steps=2"], ["algorithm=gossip", "topology=ring"]])
 def test_a_section_without_byzantine_workers_or_a_robust_rule_is_the_plain_run_bit_for_bit(algorithm):
     _, plain_rows, plain = _run(*algorithm)
-    run, rows, summary = _run(*algorithm, "byzantine.fraction=0", "byzantine.attack=sign-flip")
+    run, rows, summary = _run(*algorithm, "byzantine.fraction=0")
     assert run.engine.adversary is None
     assert rows == plain_rows
     assert {k: v for k, v in summary.items() if k != "wall_seconds"} == \
@@ -318,6 +318,15 @@ def test_label_flip_workers_train_on_flipped_labels():
     (["byzantine.workers=[0]", "byzantine.attack=ipm", "faults.events=[1@2-3]"], "byzantine and faults"),
     (["algorithm=gossip", "phases=[allreduce,gossip]", "phase_steps=[2]", "byzantine.workers=[0]",
       "byzantine.attack=ipm"], "allreduce phase"),
+    # issue 45, item 10: both ran as the plain run
+    (["byzantine.fraction=0.1", "byzantine.attack=ipm"], "byzantine.fraction 0.1 of n = 4 workers makes nobody"),
+    (["byzantine.attack=ipm"], "byzantine.attack ipm has no Byzantine worker to run it"),
+    # issue 45, item 11: was numpy's "p must be in the range 0.0 < p < 1.0", naming no key
+    (["byzantine.workers=[0,1,2]", "byzantine.attack=alie"], "f = 3 of n = 4 is too many; give byzantine.strength"),
+    # issue 45, item 6: control's All-Reduce fallback ran the gossip rule as an all-reduce one (a TypeError)
+    (["algorithm=gossip", "phases=[controlled]", "consensus.target=constant", "consensus.value=1e-9",
+      "consensus.max_extra_rounds=1", "byzantine.workers=[0]", "byzantine.attack=sign-flip",
+      "byzantine.aggregator=self-centered-clip"], "use consensus.on_budget: continue"),
 ])
 def test_bad_byzantine_input_is_one_line(tmp_path, capsys, overrides, names):
     one_line_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "never"),

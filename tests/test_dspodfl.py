@@ -110,3 +110,22 @@ def test_bytes_and_waits_follow_the_links_used_and_compute_is_charged_to_who_com
 def test_bad_dspodfl_options_are_one_line(capsys, tmp_path, overrides, fragment):
     argv = ["train", "--quiet", "--out", str(tmp_path / "never"), *sets(*SHORT, "algorithm=dspodfl", *overrides)]
     one_line_error(capsys, argv, fragment)
+
+
+def test_a_run_whose_last_step_nobody_computed_ends_with_a_summary(tmp_path):
+    """p = 0.001: at the last step no worker computes, so its row has no training loss; the summary's
+    final_loss is the latest loss measured (None if there was none), and the run ends with exit 0,
+    on --resume too (issue 45, item 7: a KeyError after the whole run)."""
+    import json
+
+    from gossamer.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", *sets("algorithm=dspodfl", "dspodfl_compute=0.001", "workers=4", "epochs=1", "num_samples=1000",
+                           "seed=1"), "--out", str(out)]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "loss" not in rows[-1]
+    assert summary["final_loss"] == next((r["loss"] for r in reversed(rows) if "loss" in r), None)
+    assert main(["train", "--resume", str(out)]) == 2  # finished: one line, not a traceback

@@ -181,6 +181,11 @@ def test_a_faults_section_without_events_is_the_run_without_it():
     (["faults.events=[0@2-,1@1-,2@0-5,3@3-]"], "all 4 workers are gone at step 3"),
     (["faults.rejoin=random"], "faults.rejoin"),
     (["algorithm=choco", "faults.events=[1@2-3]"], "algorithm choco does not drop workers"),
+    # issue 45, item 10: the same run bit for bit as without the repair
+    (["algorithm=allreduce", "faults.events=[1@2-3]", "faults.repair=metropolis"],
+     "faults.repair metropolis repairs a gossip graph: algorithm allreduce has none"),
+    (["algorithm=moshpit", "moshpit_group=2", "faults.events=[1@2-3]", "faults.repair=metropolis"],
+     "algorithm moshpit has none"),
 ])
 def test_bad_faults_are_one_line(capsys, tmp_path, overrides, fragment):
     one_line_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "never"), *sets(*SHORT, *overrides)], fragment)

@@ -161,9 +161,13 @@ def test_diloco_all_gathers_templars_message_every_outer_step():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("sparseloco:0", "needs K in 1..4095"),
+    ("sparseloco:0", "needs K in 2..4095"),
+    ("sparseloco:1", "needs K in 2..4095"),  # issue 45, item 12: was sparseloco:2 bit for bit
     ("sparseloco:16@4", "K ≥ S² = 16 sends every entry of a full block"),
-    ("sparseloco:2@65", "block side S in 1..64"),
+    ("sparseloco:2@65", "block side S in 2..64"),
+    ("sparseloco:2@1", "block side S in 2..64"),  # issue 45, item 12: was "needs K in 1..0"
+    ("top-k:0.1+sparseloco:4", "the second codec quantises the kept values: sign, qsgd, quant"),  # was accepted
+    ("ef-ef-sparseloco:4", "ef- .error feedback. is given more than once"),  # was "unknown compression"
     ("sparseloco:x", "takes K .* or K@S"),
     ("sparseloco", "needs a parameter"),
     ("sparseloco:2+quant:2", "must start with top-k:F or random-k:F"),

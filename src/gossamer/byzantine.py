@@ -93,7 +93,8 @@ class ByzantineConfig:
     """The ``byzantine`` section (see the module docstring)."""
 
     workers: list[int] = field(default_factory=list)  # the Byzantine workers' ids
-    fraction: float | None = None  # f: round(f·n) Byzantine workers drawn once from the seed (instead of workers)
+    # round(fraction·n) Byzantine workers (halves to even: 0.25 of 14 is 4) drawn once from the seed (instead of workers)
+    fraction: float | None = None
     attack: str = "none"  # none, sign-flip, ipm, alie, gaussian, label-flip, dissensus
     strength: float | None = None  # the attack's s / ε / z (None: its default)
     aggregator: str = "mean"  # how honest workers combine what they receive
@@ -116,6 +117,12 @@ class ByzantineConfig:
         if len(set(self.workers)) != len(self.workers):
             raise ConfigError(f"byzantine.workers lists a worker twice: {short(self.workers)}")
         f = self.count(n)
+        if self.fraction and not f:
+            raise ConfigError(f"byzantine.fraction {self.fraction:g} of n = {n} workers makes nobody Byzantine "
+                              f"(f = round(fraction·n), halves to even): give a larger fraction or byzantine.workers")
+        if not f and self.attack != "none":
+            raise ConfigError(f"byzantine.attack {short(self.attack)} has no Byzantine worker to run it: give "
+                              f"byzantine.workers or byzantine.fraction")
         if f >= n:
             raise ConfigError(f"byzantine: every worker is Byzantine ({f} of {n}); keep at least one honest")
         if self.attack not in ATTACKS:
@@ -151,6 +158,9 @@ class ByzantineConfig:
             if not math.isfinite(self.strength) or (positive and self.strength <= 0):
                 raise ConfigError(f"byzantine.strength must be a finite number{' > 0' if positive else ''}, "
                                   f"got {self.strength}")
+        if self.attack == "alie" and self.strength is None and f and math.floor(n / 2 + 1) - f < 1:
+            raise ConfigError(f"byzantine.attack alie's z_max = Φ⁻¹((n − s)/n) needs s = ⌊n/2 + 1⌋ − f ≥ 1 supporters: "
+                              f"f = {f} of n = {n} is too many; give byzantine.strength (z) or fewer Byzantine workers")
         if self.aggregator in MAJORITY and 2 * f >= n:
             raise ConfigError(f"byzantine.aggregator {self.aggregator} needs an honest majority: {f} of {n} workers "
                               f"are Byzantine (f < n/2)")

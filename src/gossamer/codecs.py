@@ -391,6 +391,7 @@ def _quant(param, numels, dtype, seed, contractive) -> Quant:
 
 
 SPARSIFIERS = (TopK, RandomK)
+VALUE_CODECS = ("sign", "qsgd", "quant")  # what a chain's second codec may be: the kept values quantised
 
 
 def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0, contractive: bool = False,
@@ -398,6 +399,9 @@ def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0,
     """The codec named by ``spec`` (without ``ef-``): a registered codec, or a chain ``S+V`` (a
     sparsifier S whose kept values travel through V). ``shapes``: the tensors' shapes, for a
     ``shaped`` codec (default: each tensor a vector)."""
+    if spec.startswith(ERROR_FEEDBACK):
+        raise ConfigError(f"compression 'ef-{short(spec)}': ef- (error feedback) is given more than once; give it once, before "
+                          f"the codec")
     first, chained, rest = spec.partition("+")
     entry, param = CODECS.parse(first)
     shaped = {"shapes": shapes or [(n,) for n in numels]} if entry.traits.get("shaped") else {}
@@ -405,10 +409,10 @@ def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0,
     if chained:
         if not isinstance(codec, SPARSIFIERS):
             raise ConfigError(f"compression chain '{spec[:100]}' must start with top-k:F or random-k:F, got '{first[:50]}'")
-        codec.kept.values = build_codec(rest, codec.ks, dtype, seed, contractive)
-        if isinstance(codec.kept.values, SPARSIFIERS):
+        if CODECS.parse(rest.partition("+")[0])[0].name not in VALUE_CODECS:
             raise ConfigError(f"compression chain '{spec[:100]}': the second codec quantises the kept values: "
-                              f"sign, qsgd:S or quant:B")
+                              f"{', '.join(VALUE_CODECS)}")
+        codec.kept.values = build_codec(rest, codec.ks, dtype, seed, contractive)
     return codec
 
 

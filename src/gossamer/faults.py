@@ -71,13 +71,19 @@ class FaultsConfig:
             raise ConfigError(f"unknown faults.rejoin '{short(self.rejoin)}'; choose one of: {', '.join(REJOIN_MODES)}")
         if self.repair not in REPAIRS:
             raise ConfigError(f"unknown faults.repair '{short(self.repair)}'; choose one of: {', '.join(REPAIRS)}")
-        _check_supported(cfg, self.rejoin)
+        _check_supported(cfg, self.rejoin, self.repair)
 
 
-def _check_supported(cfg, rejoin: str) -> None:
+def _check_supported(cfg, rejoin: str, repair: str) -> None:
     """Refuse, in one line, an algorithm that does not declare that it drops workers (its
-    registration's ``faults``: the rejoin modes it takes)."""
+    registration's ``faults``: the rejoin modes it takes), and a repair of W where it gossips on
+    no graph (its options have no topology, nor NoLoCo's outer one)."""
     from .algorithms import ALGORITHMS
+
+    graph = "topology" in ALGORITHMS[cfg.algorithm].keys or getattr(cfg, "outer_topology", "none") != "none"
+    if repair != "local" and not graph:
+        raise ConfigError(f"faults.repair {repair} repairs a gossip graph: algorithm {cfg.algorithm} has none here "
+                          f"(its means are over the living workers); drop faults.repair")
 
     modes = {name: e.traits.get("faults", ()) for name, e in ALGORITHMS.entries.items()}
     if not modes[cfg.algorithm]:

@@ -174,12 +174,12 @@ def parse(param: str) -> tuple[int, int]:
     except ValueError:
         raise ConfigError(f"compression 'sparseloco' takes K (entries kept per block) or K@S (S: the block side), "
                           f"e.g. sparseloco:64 or sparseloco:8@16; got '{short(param)}'") from None
-    if not 1 <= s <= CHUNK:
-        raise ConfigError(f"compression 'sparseloco' needs a block side S in 1..{CHUNK} (12-bit indices within a "
-                          f"block of S² ≤ 4,096 entries), got {s}")
-    if not 1 <= k < s * s:
-        raise ConfigError(f"compression 'sparseloco' needs K in 1..{s * s - 1}: K ≥ S² = {s * s} sends every entry "
-                          f"of a full block; got {k}")
+    if not 2 <= s <= CHUNK:
+        raise ConfigError(f"compression 'sparseloco' needs a block side S in 2..{CHUNK} (12-bit indices within a "
+                          f"block of S² ≤ 4,096 entries, of which it keeps fewer than all), got {s}")
+    if not 2 <= k < s * s:
+        raise ConfigError(f"compression 'sparseloco' needs K in 2..{s * s - 1} (Templar keeps at least 2 entries a "
+                          f"block; K ≥ S² = {s * s} sends every entry of a full block); got {k}")
     return k, s
 
 

@@ -103,6 +103,7 @@ class Progress:
     sim_seconds_to_target: float | None = None
     comm_seconds: float = 0.0  # measured by the engine (dist with a network): the algorithm's collectives
     comm_metrics_seconds: float = 0.0  # ... and the measurement traffic's
+    last_loss: float | None = None  # the training loss of the latest measured step in which a worker computed
 
     def state_dict(self) -> dict:
         return dict(vars(self))
@@ -535,6 +536,7 @@ def train(cfg: Config, run: Run | None = None, on_row: Callable[[dict], None] = 
             T[gone] = rows
         if measure:
             row = metrics
+            state.last_loss = row.get("loss", state.last_loss)
             if run.faults is not None:
                 row.update(run.faults.metrics(graph_of(run.schedule)))
         if evaluating:
@@ -583,7 +585,7 @@ def summarize(run: Run, progress: Progress, row: dict, start: float) -> dict:
         **{k: v for k, v in row.items() if k.startswith(("test_", "val_")) or k == "sharpness"},
         **{f"final_{k}": row[k] for k in ("honest_distance_to_clean_sq", "mean_distance_to_clean_sq") if k in row},
         "final_consensus_distance_sq": row["consensus_distance_sq"],
-        "final_loss": row["loss"],
+        "final_loss": progress.last_loss,  # None: no worker computed at a measured step (DSpodFL's coins)
         **run.engine.comm.summary(),
         **run.schedule.counters(),
         "steps": cfg.epochs * run.steps_per_epoch,

@@ -281,6 +281,10 @@ class GossipOptions(GraphOptions):
         if cfg.byzantine is not None and "allreduce" in modes:
             raise ConfigError("byzantine: gossip's Byzantine model is for its gossip rounds; an allreduce phase has "
                               "none (use algorithm allreduce or post-local for that, or phases without allreduce)")
+        if (cfg.byzantine is not None and "controlled" in modes and self.consensus.action == "rounds"
+                and self.consensus.on_budget == "allreduce"):
+            raise ConfigError("byzantine: gossip's Byzantine model is for its gossip rounds; consensus control's "
+                              "All-Reduce when the extra rounds run out has none: use consensus.on_budget: continue")
 
 
 def gossip_phases(cfg) -> tuple[list[str], list[float], str]:
