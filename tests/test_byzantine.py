@@ -321,6 +321,9 @@ def test_label_flip_workers_train_on_flipped_labels():
     # issue 45, item 10: both ran as the plain run
     (["byzantine.fraction=0.1", "byzantine.attack=ipm"], "byzantine.fraction 0.1 of n = 4 workers makes nobody"),
     (["byzantine.attack=ipm"], "byzantine.attack ipm has no Byzantine worker to run it"),
+    # issue 45, item 5: a hang
+    (["byzantine.workers=[0]", "byzantine.attack=ipm", "byzantine.aggregator=centered-clip", "byzantine.clip=1",
+      "byzantine.clip_iterations=1000000000"], "byzantine.clip_iterations must be an integer in [1, 1000]"),
     # issue 45, item 11: was numpy's "p must be in the range 0.0 < p < 1.0", naming no key
     (["byzantine.workers=[0,1,2]", "byzantine.attack=alie"], "f = 3 of n = 4 is too many; give byzantine.strength"),
     # issue 45, item 6: control's All-Reduce fallback ran the gossip rule as an all-reduce one (a TypeError)

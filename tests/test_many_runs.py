@@ -53,6 +53,9 @@ def test_each_seed_and_swept_value_is_its_standalone_run(tmp_path, capsys, jobs)
     (["--seeds", "2", "--resume", "runs/x"], "--seeds, --sweep and --jobs train new runs"),
     (["--seeds", "2", "--set", "engine=dist"], "run on the simulator"),
     (["--sweep", "colour=[1,2]"], "colour"),
+    # issue 45: 1e8 configs were built before anything was checked (a hang); a dist run refused after one trained
+    (["--seeds", "100000000"], "--seeds 100000000 ask for 100,000,000 runs; one command trains at most 100,000"),
+    (["--sweep", "engine=[sim,dist]"], "--sweep engine=dist: --seeds, --sweep and --jobs run on the simulator"),
 ])
 def test_bad_many_run_options_are_one_line(args, message, tmp_path, capsys):
     assert main(["train", *settings(), "--out", str(tmp_path / "many"), *args]) == 2
@@ -82,3 +85,43 @@ def test_a_plugins_algorithm_trains_in_worker_processes(tmp_path, capsys):
     assert without_wall(a).keys() == without_wall(b).keys()
     torch.testing.assert_close(load_checkpoint(tmp_path / "many" / "seed-1")["rows"]["X"],
                                load_checkpoint(tmp_path / "one")["rows"]["X"], rtol=0, atol=1e-12)
+
+
+def test_runs_that_would_share_a_folder_are_refused_before_any_trains(tmp_path, capsys):
+    """'/' and '-' map to one folder name: the first run was silently replaced (issue 45, item 3)."""
+    for name in ("g/ring.txt", "g-ring.txt"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("0 1\n1 2\n2 3\n3 0\n")
+    sweep = f"topology=[edges:{tmp_path}/g/ring.txt,edges:{tmp_path}/g-ring.txt]"
+    assert main(["train", *settings("algorithm=gossip"), "--sweep", sweep, "--out", str(tmp_path / "many")]) == 2
+    err = capsys.readouterr().err
+    assert "would share the run folder" in err and err.count("\n") == 1
+    assert not (tmp_path / "many").exists()
+
+
+def test_a_sweep_that_diverges_over_a_finished_one_reports_its_own_runs(tmp_path, capsys):
+    """--overwrite over a finished sweep whose new runs diverge: they are listed as diverged, and the old
+    runs' numbers are not shown as theirs (the old runs stay beside a DIVERGED file; issue 45, item 1)."""
+    out, sweep = str(tmp_path / "many"), ["--sweep", "momentum=[0.5,0.9]"]
+    assert main(["train", *settings("lr=0.05"), *sweep, "--out", out, "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["train", *settings("lr=1e9"), *sweep, "--out", out, "--overwrite", "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "diverged (no summary): seed-0-momentum-0.5, seed-0-momentum-0.9" in printed
+    assert "| seed-0-momentum-0.5 |" not in printed
+
+
+def test_a_finished_run_clears_the_divergence_an_earlier_attempt_left(tmp_path):
+    """A suite re-run with --overwrite: a run that now finishes removes its old DIVERGED (issue 45,
+    item 2: results.md reported every run diverged, quoting the old messages)."""
+    from gossamer.repro import DIVERGED, Job, train_all
+    from gossamer.train import Diverged
+
+    def diverges(cfg, out):
+        raise Diverged("training diverged: loss is nan at step 1")
+
+    job = Job("a run", None, tmp_path / "run")
+    train_all([job], diverges, log=lambda line: None)
+    assert (job.out / DIVERGED).read_text().startswith("training diverged")
+    train_all([job], lambda cfg, out: None, log=lambda line: None)
+    assert not (job.out / DIVERGED).exists()

@@ -82,6 +82,7 @@ GRAPH_ATTACKS = ("dissensus",)  # need a receiver's neighbourhood
 CRAFTED = ("sign-flip", "ipm", "alie", "gaussian", "dissensus")  # the attacks that replace messages
 ALLREDUCE_AGGREGATORS = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "centered-clip")
 GOSSIP_AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-gossip", "self-centered-clip")
+MAX_CLIP_ITERATIONS = 1000  # centered clipping's L: every aggregation runs all of them
 MAJORITY = ("median", "trimmed-mean", "krum", "multi-krum", "centered-clip")  # guarantees need f < n/2
 DEFAULT_STRENGTH = {"sign-flip": 1.0, "ipm": 0.1, "gaussian": 1.0, "dissensus": 1.0}
 NOISE = declare("byzantine-noise", "the gaussian attack's message of a Byzantine worker", ("call", "worker"))
@@ -173,8 +174,9 @@ class ByzantineConfig:
         if self.aggregator in needs["clip"] and not (self.clip is not None and 0 < self.clip < math.inf):
             raise ConfigError(f"byzantine.aggregator {self.aggregator} needs byzantine.clip τ, a finite number > 0; "
                               f"got {self.clip}")
-        if self.clip_iterations < 1:
-            raise ConfigError(f"byzantine.clip_iterations must be a positive integer, got {self.clip_iterations}")
+        if not 1 <= self.clip_iterations <= MAX_CLIP_ITERATIONS:
+            raise ConfigError(f"byzantine.clip_iterations must be an integer in [1, {MAX_CLIP_ITERATIONS}] (each "
+                              f"aggregation runs them all; Karimireddy et al. use 1 to 3), got {self.clip_iterations}")
         if self.trim is not None and not 0 <= self.trim < (n + 1) // 2:
             raise ConfigError(f"byzantine.trim must be in [0, {(n + 1) // 2}) (b values dropped at each end of n = "
                               f"{n}), got {self.trim}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -299,6 +300,9 @@ def _seed_range(first: int, seeds: int) -> None:
         raise ConfigError(f"--first-seed must be an integer in [0, 2**44 - seeds], got {first}")
 
 
+MAX_RUNS = 100_000  # runs one train --seeds/--sweep command builds (each a config, checked before any trains)
+
+
 def _empty_out(out: Path, overwrite: bool) -> None:
     """Refuse to train many runs into a folder that holds something, unless told to overwrite."""
     if out.is_dir() and any(out.iterdir()) and not overwrite:
@@ -311,7 +315,7 @@ def _train_many(args) -> int:
     run ``gossamer train --set seed=S --set KEY=V`` writes; trained in J worker processes."""
     from itertools import product
 
-    from .repro import Job, _slug, parse_grid, train_all
+    from .repro import DIVERGED, Job, _slug, parse_grid, train_all
 
     if args.resume or args.resume_if_exists:
         raise ConfigError("--seeds, --sweep and --jobs train new runs; resume each run directory on its own "
@@ -335,17 +339,28 @@ def _train_many(args) -> int:
                           "run on its own")
     first = base.seed if args.first_seed is None else args.first_seed
     out = Path(args.out or _default_out(f"{base.algorithm}-n{base.workers}-runs"))
+    runs = seeds * math.prod(len(grid) for _, grid in grids)
+    if runs > MAX_RUNS:
+        raise ConfigError(f"--seeds {seeds}{' and --sweep' if grids else ''} ask for {runs:,} runs; one command trains "
+                          f"at most {MAX_RUNS:,}")
     _empty_out(out, args.overwrite)
-    jobs = []
+    jobs, names = [], {}
     for seed in range(first, first + seeds):
         for values in product(*(grid for _, grid in grids)):
             chosen = [f"{key}={value}" for key, value in zip(keys, values)]
             name = "-".join([f"seed-{seed}", *(f"{_slug(k)}-{_slug(str(v))}" for k, v in zip(keys, values))])
-            jobs.append(Job(f"training {name}", load_config(args.config, [*args.set, f"seed={seed}", *chosen],
-                                                              plugin=args.plugin), out / name))
+            if names.setdefault(name, chosen) != chosen:
+                raise ConfigError(f"--sweep: {' '.join(names[name])} and {' '.join(chosen)} would share the run "
+                                  f"folder '{name}'; sweep values that differ in more than / and - and spaces")
+            cfg = load_config(args.config, [*args.set, f"seed={seed}", *chosen], plugin=args.plugin)
+            if cfg.engine == "dist":
+                raise ConfigError(f"--sweep {' '.join(chosen)}: --seeds, --sweep and --jobs run on the simulator "
+                                  f"(engine sim); under torchrun launch each run on its own")
+            jobs.append(Job(f"training {name}", cfg, out / name))
     print(f"{len(jobs)} runs into {out}{f' in {args.jobs} processes' if args.jobs > 1 else ''}", file=sys.stderr)
     train_all(jobs, train_suite_run, lambda line: print(line, file=sys.stderr), args.jobs)
-    finished = {job.out.name: read_summary(job.out) for job in jobs if (job.out / "summary.json").is_file()}
+    finished = {job.out.name: read_summary(job.out) for job in jobs
+                if (job.out / "summary.json").is_file() and not (job.out / DIVERGED).is_file()}
     print(comparison_table(finished))
     diverged = [job.out.name for job in jobs if job.out.name not in finished]
     if diverged:

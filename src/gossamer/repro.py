@@ -840,12 +840,16 @@ def train_all(jobs: list[Job], train_run: Callable, log=print, processes: int = 
     ⌊cores / processes⌋, at least 1; ``train_run`` must then be a module-level function, and the
     plugins the configs record are loaded there first). The runs are independent, so the order does not change
     them; a run's float32 numbers can depend on its thread count (reduction order). A run that
-    diverges stops alone: its directory gets a DIVERGED file with the message."""
+    diverges stops alone: its directory gets a DIVERGED file with the message (an earlier run it
+    replaces, with ``--overwrite``, stays as it was beside it); a run that finishes removes a DIVERGED
+    an earlier attempt left. So a directory holds DIVERGED exactly when its latest training diverged."""
     def finished(job: Job, error: str | None) -> None:
-        if error is not None:
-            job.out.mkdir(parents=True, exist_ok=True)
-            (job.out / DIVERGED).write_text(f"{error}\n")
-            log(f"{job.label}: {error}")
+        if error is None:
+            (job.out / DIVERGED).unlink(missing_ok=True)
+            return
+        job.out.mkdir(parents=True, exist_ok=True)
+        (job.out / DIVERGED).write_text(f"{error}\n")
+        log(f"{job.label}: {error}")
 
     if processes == 1:
         for job in jobs:
