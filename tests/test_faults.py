@@ -75,7 +75,7 @@ def test_a_one_peer_round_stays_one_peer_and_metropolis_reweights_what_never_rea
 
 
 @pytest.mark.parametrize("spec", ["ring", "exponential", "torus", "one-peer-exponential", "random-matching",
-                                  "epidemic:2"])
+                                  "epidemic:2", "directed-exponential"])
 def test_the_metropolis_repair_is_doubly_stochastic_and_keeps_the_living_mean(spec):
     topology, rng = build_topology(spec, 16, seed=1), np.random.default_rng(0)
     X = np.random.default_rng(1).standard_normal((16, 3))
@@ -186,6 +186,9 @@ def test_a_faults_section_without_events_is_the_run_without_it():
      "faults.repair metropolis repairs a gossip graph: algorithm allreduce has none"),
     (["algorithm=moshpit", "moshpit_group=2", "faults.events=[1@2-3]", "faults.repair=metropolis"],
      "algorithm moshpit has none"),
+    # issue 45, item 15: column sums 0.5 and 1.5 with a gone worker
+    (["algorithm=gossip", "topology=directed-exponential", "faults.events=[1@2-3]"],
+     "on the directed topology 'directed-exponential' the living workers' mean drifts"),
 ])
 def test_bad_faults_are_one_line(capsys, tmp_path, overrides, fragment):
     one_line_error(capsys, ["train", "--quiet", "--out", str(tmp_path / "never"), *sets(*SHORT, *overrides)], fragment)

@@ -35,11 +35,12 @@ from .faults import Faults
 from .models import Footprint, build_model, footprint, hidden_matrices, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
+from .registry import short
 from .rng import host_stream
 from .sharpness import HVP_CHUNK, model_sharpness, training_subset
 from .sharpness import SAMPLES as SHARPNESS_SAMPLES
 from .tasks import TASKS, Task
-from .topology import free_memory
+from .topology import TopologyError, free_memory, require_undirected
 from .workers import WorkerMatrix, backend_for, flatten
 
 
@@ -235,10 +236,23 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     if cfg.faults is not None:
         faults = Faults(cfg.faults, cfg.workers, cfg.seed)
         faults.check_steps(cfg.epochs * steps)
+        if graph_of(schedule) is not None and cfg.faults.repair == "local":
+            _check_local_repair(graph_of(schedule))
     run = Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults)
     if cfg.byzantine is not None and cfg.byzantine.clean_reference:
         run.clean = Clean.build(cfg, source)
     return run
+
+
+def _check_local_repair(graph) -> None:
+    """``faults.repair: local`` keeps a gone worker's weight at home: W's rows still sum to 1, its
+    columns only where W is symmetric. On a directed graph the living mean would drift: refused."""
+    try:
+        require_undirected(graph, "topology", "faults")
+    except TopologyError:
+        raise ConfigError(f"faults.repair local keeps a gone worker's weight at home, so on the directed topology "
+                          f"'{short(graph.name)}' the living workers' mean drifts (W's columns no longer sum to 1): "
+                          f"use faults.repair metropolis") from None
 
 
 TARGETS = {"target_accuracy": "test_accuracy", "target_loss": "test_loss"}  # config key → metric it targets
