@@ -259,3 +259,30 @@ def test_the_hooks_check_catches_a_synchroniser_that_does_something_else(monkeyp
                                                                           "topology": "one-peer-exponential"}})
     where, delta = kit.hook_difference(["algorithm=gossip", "topology=ring"])
     assert where == "a worker's parameters" and delta > 1e-3
+
+
+@pytest.mark.parametrize("body, message", [
+    ("raise RuntimeError('oops')", "algorithm 'guarded-plugin' failed to build: RuntimeError: oops"),
+    ("return None", "algorithm 'guarded-plugin' built None: its builder must return the algorithm"),
+])
+def test_a_plugin_builder_that_raises_or_builds_nothing_is_one_line(tmp_path, capsys, body, message):
+    """issue 45, item 8: a traceback from train and check-plugin."""
+    plugin = tmp_path / f"guarded_{len(body)}.py"
+    plugin.write_text("from gossamer.extend import ALGORITHMS\n\n\n"
+                      "@ALGORITHMS.register('guarded-plugin', help='a broken builder')\n"
+                      f"def build(cfg, ctx):\n    {body}\n")
+    try:
+        code = main(["train", "--plugin", str(plugin), "--set", "algorithm=guarded-plugin", "--set", "num_samples=1000",
+                     "--out", str(tmp_path / "run")])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and err.count("\n") == 1, err
+    finally:
+        ALGORITHMS.entries.pop("guarded-plugin", None)
+
+
+def test_a_plugin_that_exits_at_import_is_one_line(tmp_path, capsys):
+    plugin = tmp_path / "exits.py"
+    plugin.write_text("import sys\nsys.exit(3)\n")
+    code = main(["train", "--plugin", str(plugin), "--set", "num_samples=1000", "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 2 and "failed to import: SystemExit: 3" in err and err.count("\n") == 1, err

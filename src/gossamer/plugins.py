@@ -16,6 +16,8 @@ and is one :class:`~gossamer.registry.ConfigError` line. A plugin is imported on
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import hashlib
 import importlib
 import importlib.metadata
@@ -44,9 +46,10 @@ def _registries() -> list:
     from .data import DATASETS
     from .models import FOOTPRINTS, MODELS
     from .optim import OPTIMIZERS
+    from .outer import OUTER_OPTIMIZERS
     from .rng import STREAMS
     from .topology import TOPOLOGIES
-    return [ALGORITHMS, CODECS, DATASETS, MODELS, OPTIMIZERS, TOPOLOGIES], [FOOTPRINTS, STREAMS]
+    return [ALGORITHMS, CODECS, DATASETS, MODELS, OPTIMIZERS, OUTER_OPTIMIZERS, TOPOLOGIES], [FOOTPRINTS, STREAMS]
 
 
 def source_of(spec: str) -> tuple[str, list[Path], Path]:
@@ -102,9 +105,34 @@ def load(specs: list[str]) -> list[str]:
             _import(source)
             _loaded[source] = digest
             _added[source] = [(r.kind, name) for r in registries for name in r.entries if (r.kind, name) not in before]
+            for registry in registries:
+                for name in [name for name in registry.entries if (registry.kind, name) not in before]:
+                    registry.entries[name] = _guarded(registry.entries[name], registry.kind, source)
         if record not in records:
             records.append(record)
     return records
+
+
+def _guarded(entry, kind: str, source: str):
+    """``entry`` whose builder, a plugin's, fails in one line: whatever it raises (but a ConfigError,
+    already one), or a None it returns, names the plugin and the entry."""
+    build = entry.build
+
+    @functools.wraps(build)
+    def guarded(*args, **kwargs):
+        where = f"plugin '{short(source)}': {kind} '{entry.name}'"
+        try:
+            built = build(*args, **kwargs)
+        except ConfigError:
+            raise
+        except Exception as e:  # noqa: BLE001 — whatever the user's code raises is one line
+            reason = str(e).splitlines()[0] if str(e) else ""
+            raise ConfigError(f"{where} failed to build: {type(e).__name__}{': ' + short(reason) if reason else ''}"
+                              ) from None
+        if built is None:
+            raise ConfigError(f"{where} built None: its builder must return the {kind}")
+        return built
+    return dataclasses.replace(entry, build=guarded)
 
 
 def registered(record: str) -> list[tuple[str, str]]:
@@ -134,7 +162,7 @@ def _import(source: str) -> ModuleType:
             del sys.modules[name]
             raise
         return module
-    except Exception as e:  # noqa: BLE001 — whatever the user's code raises is one line
+    except (Exception, SystemExit) as e:  # noqa: BLE001 — whatever the user's code raises (or exits with) is one line
         for registry, entries in zip(registries, saved[0]):
             registry.entries.clear()
             registry.entries.update(entries)
