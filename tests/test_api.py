@@ -78,6 +78,38 @@ def test_bad_arguments_are_one_line(kwargs, message):
         gossamer.run({**KEYS, "model": "mlp"} if "data" in kwargs else KEYS, **kwargs)
 
 
+class Pair(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(40, 10)
+
+    def forward(self, x):
+        return self.linear(x), x
+
+
+SAMPLES = torch.randn(256, 40)
+LABELS = torch.arange(256) % 10
+
+
+@pytest.mark.parametrize("data, model, message", [  # issue 45, item 9: PyTorch's internal errors, or accepted
+    (gossamer.Data(train=(SAMPLES, LABELS - 1), test=(SAMPLES, LABELS)), torch.nn.Linear(40, 10),
+     r"Data targets must be class or token ids >= 0, got -1"),
+    (gossamer.Data(train=(SAMPLES, LABELS), test=(SAMPLES, LABELS), num_classes=0), torch.nn.Linear(40, 10),
+     r"Data num_classes must be an integer above the largest id \(9\), got 0"),
+    (gossamer.Data(train=(SAMPLES, LABELS), test=(SAMPLES, LABELS), num_classes=5), torch.nn.Linear(40, 5),
+     r"Data num_classes must be an integer above the largest id \(9\), got 5"),
+    (gossamer.Data(train=(SAMPLES, LABELS), test=(SAMPLES, LABELS)), torch.nn.Linear(40, 3),
+     r"model returns 3 values a sample; the data has 10 classes"),
+    (gossamer.Data(train=(SAMPLES, LABELS), test=(SAMPLES, LABELS)), torch.nn.ReLU(), "model has no parameters"),
+    (gossamer.Data(train=(SAMPLES, LABELS), test=(SAMPLES, LABELS)), Pair(), "model must return a tensor of logits, got tuple"),
+    (gossamer.Data(train=(SAMPLES, LABELS), test=(SAMPLES, LABELS)), torch.nn.Linear(30, 10),
+     r"model fails on one training input \(\[1, 40\]\): RuntimeError"),
+])
+def test_a_model_or_data_that_cannot_train_is_one_line(data, model, message):
+    with pytest.raises(ConfigError, match=message):
+        gossamer.run({k: v for k, v in KEYS.items() if k != "dataset"}, model=model, data=data)
+
+
 def test_a_model_named_in_the_config_and_given_is_refused():
     with pytest.raises(ConfigError, match="model 'mlp' is set in the config and model= is given: give one"):
         gossamer.run({**KEYS, "model": "mlp"}, model=torch.nn.Linear(40, 10))

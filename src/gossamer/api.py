@@ -53,8 +53,14 @@ class Data:
             if y.is_floating_point() or y.dtype == torch.bool:
                 raise ConfigError(f"Data {name} targets must be integer class or token ids, got {y.dtype}")
         tokens = [x_train, x_test] if self.task == "language-model" else []
-        classes = self.num_classes or 1 + int(max(t.max() for t in (y_train, y_test, *tokens)))
-        return Dataset(x_train, y_train, x_test, y_test, classes, task=self.task)
+        ids = (y_train, y_test, *tokens)
+        lowest, largest = int(min(t.min() for t in ids)), int(max(t.max() for t in ids))
+        if lowest < 0:
+            raise ConfigError(f"Data targets must be class or token ids >= 0, got {lowest}")
+        if self.num_classes is not None and not (isinstance(self.num_classes, int) and self.num_classes > largest):
+            raise ConfigError(f"Data num_classes must be an integer above the largest id ({largest}), got "
+                              f"{short(self.num_classes)}")
+        return Dataset(x_train, y_train, x_test, y_test, self.num_classes or largest + 1, task=self.task)
 
 
 def _tensors(part: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,7 +158,7 @@ def _given(values: dict, model: Callable[[], nn.Module] | nn.Module | None, data
             build = _builder(model)
             _name(values, "model", "model")
             MODELS.register(GIVEN, help="the nn.Module given from Python (gossamer.run(model=...))")(
-                lambda cfg, data: build())
+                lambda cfg, data: _fits(build(), data))
             FOOTPRINTS[GIVEN] = lambda cfg, data: Footprint(sum(p.numel() for p in build().parameters()), 0, 0)
             added.append(MODELS)
         yield
@@ -181,3 +187,25 @@ def _checked(module: Any) -> nn.Module:
     if not isinstance(module, nn.Module):
         raise ConfigError(f"model must build an nn.Module, got {type(module).__name__}")
     return module
+
+
+def _fits(model: nn.Module, data: Dataset) -> nn.Module:
+    """``model``, checked on one training sample: it has parameters and returns a tensor of
+    logits, one per class (a language model's: per position)."""
+    if not any(True for _ in model.parameters()):
+        raise ConfigError("model has no parameters to train")
+    sample, probe = data.x_train[:1], copy.deepcopy(model).eval()
+    if sample.is_floating_point():
+        probe.to(sample.dtype)  # as the run converts it
+    with torch.no_grad():
+        try:
+            out = probe(sample)
+        except Exception as e:  # noqa: BLE001 — the user's model, one line
+            raise ConfigError(f"model fails on one training input ({list(sample.shape)}): "
+                              f"{type(e).__name__}: {short(str(e).splitlines()[0] if str(e) else '')}") from None
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError(f"model must return a tensor of logits, got {type(out).__name__}")
+    if out.shape[-1] != data.num_classes:
+        raise ConfigError(f"model returns {out.shape[-1]} values a sample; the data has {data.num_classes} "
+                          f"{'tokens' if data.task == 'language-model' else 'classes'} (Data num_classes)")
+    return model
