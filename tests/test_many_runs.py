@@ -125,3 +125,73 @@ def test_a_finished_run_clears_the_divergence_an_earlier_attempt_left(tmp_path):
     assert (job.out / DIVERGED).read_text().startswith("training diverged")
     train_all([job], lambda cfg, out: None, log=lambda line: None)
     assert not (job.out / DIVERGED).exists()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (Path("/proc") / str(pid) / "cmdline").read_text()
+    except OSError:
+        return ""
+
+
+def _wait(condition, seconds: float = 60.0) -> bool:
+    import time
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if condition():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
+def test_a_stopped_parent_leaves_no_worker_behind(tmp_path, signal_name):
+    """issue 45, item 4: Ctrl-C (SIGINT to the process group) of train --jobs 2 is one line and exit
+    130, not worker tracebacks or a hang; SIGKILL of the parent leaves no worker training forever.
+    Signalled once both workers have started (polled, no fixed sleep)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "gossamer", "train", *settings("lr=0.05", "epochs=500"), "--seeds", "4", "--jobs", "2",
+            "--out", str(tmp_path / "many")]
+    parent = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        def workers() -> list[int]:
+            return [c for c in _children(parent.pid) if _alive(c) and "spawn_main" in _cmdline(c)]
+        assert _wait(lambda: len(workers()) == 2)
+        started = workers()
+        if signal_name == "SIGINT":
+            os.killpg(parent.pid, signal.SIGINT)
+            err = parent.communicate(timeout=60)[1]
+            assert parent.returncode == 130 and err.strip().splitlines()[-1] == "gossamer: error: interrupted", err
+            assert "Traceback" not in err
+        else:
+            parent.kill()
+            parent.wait(timeout=60)
+        assert _wait(lambda: not any(_alive(w) for w in started)), "a worker outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()

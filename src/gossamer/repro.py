@@ -34,6 +34,7 @@ time and compute utilisation; CPU scale only).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from dataclasses import dataclass, field
@@ -862,18 +863,64 @@ def train_all(jobs: list[Job], train_run: Callable, log=print, processes: int = 
 
     threads = threads or max(1, (os.cpu_count() or 1) // processes)
     used = sorted({record for job in jobs for record in job.cfg.plugins or []})
-    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
-                                                initializer=_worker_start, initargs=(threads, used)) as pool:
-        running = {pool.submit(_train_job, train_run, job.cfg, job.out): job for job in jobs}
+    pool = concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                                                  initializer=_worker_start, initargs=(threads, used, os.getpid()))
+    try:
+        with _workers_ignore_ctrl_c():  # the workers start (at the submits) ignoring it, until they leave the group
+            running = {pool.submit(_train_job, train_run, job.cfg, job.out): job for job in jobs}
         for done in concurrent.futures.as_completed(running):
             log(f"{running[done].label} (done)")
             finished(running[done], done.result())
+    except BaseException:  # Ctrl-C, a failed run: the workers go now, not after their runs
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
-def _worker_start(threads: int, records: list[str]) -> None:
+PARENT_POLL = 1.0  # seconds between a worker's checks that the process that started it is alive
+
+
+@contextlib.contextmanager
+def _workers_ignore_ctrl_c():
+    """Within, SIGINT is ignored (in the main thread), so the worker processes started inside
+    inherit that: a Ctrl-C while one still imports is not its traceback (a Ctrl-C in this short
+    window is lost; the next one stops the parent)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _worker_start(threads: int, records: list[str], parent: int) -> None:
     """A suite's worker process: its torch threads, and the plugins its configs record (before a
-    config that names their entries is unpickled)."""
+    config that names their entries is unpickled). Ctrl-C is the parent's to handle (the worker is
+    in a process group of its own; the parent kills it), and a worker whose parent is gone (killed:
+    SIGKILL, SIGTERM) exits within PARENT_POLL seconds instead of training on for nobody."""
+    import os
+    import threading
+    import time
+
+    from tqdm import tqdm
+
     from . import plugins
+
+    os.setpgrp()  # Ctrl-C at the terminal reaches the parent's process group only: the parent kills the workers
+    tqdm.set_lock(threading.RLock())  # not its default multiprocessing lock, which a killed worker would leak
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL)
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True).start()
     torch.set_num_threads(threads)
     plugins.load(records)  # the installed plugins too: a config records them
 
