@@ -3,21 +3,21 @@
 ``gossamer.run``, ``gossamer.load`` and ``gossamer.Data`` are the Python API (:mod:`gossamer.api`);
 plugins write against :mod:`gossamer.extend`."""
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("gossamer")
-except PackageNotFoundError:  # a source tree that was not installed
-    __version__ = "unknown"
-
 API = ("Data", "Result", "load", "run")
 
 
 def __getattr__(name: str):
-    """The API's names, imported on first use (``import gossamer`` stays light for the CLI)."""
+    """The API's names and ``__version__``, on first use: ``import gossamer`` runs next to nothing,
+    so the command's Ctrl-C guard (:mod:`gossamer.__main__`) is in place almost at once."""
     if name in API:
         from . import api
         return getattr(api, name)
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version("gossamer")
+        except PackageNotFoundError:  # a source tree that was not installed
+            return "unknown"
     raise AttributeError(f"module 'gossamer' has no attribute '{name}'")
 
 
