@@ -370,6 +370,18 @@ def test_resume_if_exists_starts_in_a_folder_holding_only_a_runs_start_up_files(
     assert rows(out) == rows(finished)
 
 
+def test_resume_if_exists_in_a_folder_of_someone_elses_files_says_what_to_do(tmp_path, capsys):
+    """It said "pass --overwrite", which --resume-if-exists refuses (issue 45, item 25)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    assert train(out, flags=("--resume-if-exists",)) == 2
+    err = capsys.readouterr().err
+    assert "holds notes.txt, which no gossamer run wrote" in err and "choose another --out" in err
+    assert "--overwrite" not in err and (out / "notes.txt").read_text() == "mine"
+
+
 @pytest.mark.parametrize("size", [0, 1000, "half"])
 def test_an_empty_or_truncated_checkpoint_is_one_line_naming_it(tmp_path, capsys, finished, size):
     out = copy_run(finished, tmp_path / "run")

@@ -26,8 +26,8 @@ from .outer import OUTER_OPTIMIZERS
 from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
 from .registry import short
 from .network import PRESETS, NetworkConfig
-from .report import (AXES, COMPARED, MARKER, RunDir, RunLock, axis_table, comparison_table, load_checkpoint, plot_runs,
-                     read_rows, read_summary, reference_trajectory, saved_config)
+from .report import (AXES, COMPARED, LOCK, MARKER, RunDir, RunLock, axis_table, comparison_table, load_checkpoint,
+                     plot_runs, read_rows, read_summary, reference_trajectory, saved_config)
 from .repro import SCALES, SUITES, run_suite
 from .topology import DECAY, SAMPLE_ROUNDS, TOPOLOGIES, analyse, build_topology
 from .train import Diverged, Interrupted, Progress, build_run, summarize, train
@@ -271,6 +271,12 @@ def cmd_train(args) -> int:
         # a restart that finds the folder its killed first attempt left before any checkpoint (its marker,
         # config.yaml, metrics.jsonl) starts over there
         restart = args.resume_if_exists and not resume and ((out / MARKER).is_file() or (out / "config.yaml").is_file())
+        if args.resume_if_exists and not resume and not restart and out.is_dir():
+            theirs = sorted(p.name for p in out.iterdir() if p.name != LOCK)
+            if theirs:
+                raise ConfigError(f"--out '{short(out)}' holds {short(theirs[0])}, which no gossamer run wrote: "
+                                  f"--resume-if-exists starts a run only in an empty folder or continues its own; "
+                                  f"choose another --out")
         summary = run_training(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
                                lock=lock)
     except Finished as e:
