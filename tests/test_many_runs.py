@@ -195,3 +195,14 @@ def test_a_stopped_parent_leaves_no_worker_behind(tmp_path, signal_name):
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_every_combination_is_built_before_any_run_trains(tmp_path, capsys):
+    """A model the data set cannot feed was refused only after the first run had trained (issue 45, item 13)."""
+    out = tmp_path / "many"
+    argv = ["train", "--set", "workers=4", "--set", "num_samples=1000", "--set", "epochs=1", "--sweep",
+            "model=[mlp,resnet20]", "--out", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "model 'resnet20' takes images" in err and err.count("\n") == 1
+    assert not out.exists() or not any(out.iterdir())

@@ -321,7 +321,7 @@ def _train_many(args) -> int:
     run ``gossamer train --set seed=S --set KEY=V`` writes; trained in J worker processes."""
     from itertools import product
 
-    from .repro import DIVERGED, Job, _slug, parse_grid, train_all
+    from .repro import DIVERGED, Job, _slug, estimate_work, parse_grid, train_all
 
     if args.resume or args.resume_if_exists:
         raise ConfigError("--seeds, --sweep and --jobs train new runs; resume each run directory on its own "
@@ -363,7 +363,9 @@ def _train_many(args) -> int:
                 raise ConfigError(f"--sweep {' '.join(chosen)}: --seeds, --sweep and --jobs run on the simulator "
                                   f"(engine sim); under torchrun launch each run on its own")
             jobs.append(Job(f"training {name}", cfg, out / name))
-    print(f"{len(jobs)} runs into {out}{f' in {args.jobs} processes' if args.jobs > 1 else ''}", file=sys.stderr)
+    combinations = len(jobs) // seeds  # each built once (its data and model) before any trains: bad ones refused now
+    work = estimate_work([job.cfg for job in jobs[:combinations]], seeds)
+    print(f"{len(jobs)} runs into {out}{f' in {args.jobs} processes' if args.jobs > 1 else ''}: {work}", file=sys.stderr)
     train_all(jobs, train_suite_run, lambda line: print(line, file=sys.stderr), args.jobs)
     finished = {job.out.name: read_summary(job.out) for job in jobs
                 if (job.out / "summary.json").is_file() and not (job.out / DIVERGED).is_file()}
