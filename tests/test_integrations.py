@@ -237,3 +237,24 @@ def test_diloco_hook_refuses_what_the_config_refuses_in_one_line(options, messag
         DiLoCo(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.7),
                engine=ThreadedSim(1).engine(0), **options)
     assert "\n" not in str(e.value)
+
+
+def test_a_synchroniser_naming_a_schedule_the_hooks_cannot_run_is_refused():
+    """A subclass naming decoupled-momentum trained plain local SGD while the ledger counted DeMo's
+    bytes; engine='sim' (as a message advised) failed with an AttributeError (issue 45, item 14)."""
+    from torch import nn
+
+    from gossamer.integrations import Gossip
+    from gossamer.integrations.hooks import Synchronizer
+    from gossamer.registry import ConfigError
+
+    class DeMoHook(Synchronizer):
+        algorithm = "decoupled-momentum"
+
+    model = nn.Linear(3, 1)
+    for algorithm in ("decoupled-momentum", "gradient-tracking", "ad-psgd"):
+        DeMoHook.algorithm = algorithm
+        with pytest.raises(ConfigError, match=f"the step hooks run the algorithms local, .*, not '{algorithm}'"):
+            DeMoHook(model, torch.optim.SGD(model.parameters(), lr=0.1), {}, engine=ThreadedSim(1).engine(0))
+    with pytest.raises(ConfigError, match="engine must be an Engine holding this worker's row .* got the string 'sim'"):
+        Gossip(model, torch.optim.SGD(model.parameters(), lr=0.1), engine="sim")

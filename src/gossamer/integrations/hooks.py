@@ -47,6 +47,8 @@ from ..registry import ConfigError
 from ..workers import bind_row, float_buffers, layout
 
 BUFFER_POLICIES = ("local", "average")
+# the schedules whose step is the user's optimizer step with the schedule's communication around it
+HOOKED = ("local", "post-local", "hierarchical", "gossip", "diloco")
 
 
 class Synchronizer:
@@ -74,8 +76,15 @@ class Synchronizer:
         kinds = {(p.dtype, p.device) for _, p in named}
         if len(kinds) > 1:
             raise ConfigError(f"all parameters must share one dtype and device, got {sorted(map(str, kinds))}")
+        if isinstance(engine, str):
+            raise ConfigError(f"engine must be an Engine holding this worker's row (or None: torch.distributed), "
+                              f"got the string '{engine[:100]}'; the simulator runs these algorithms as gossamer "
+                              f"train --set engine=sim")
         if engine is not None and engine.m != 1:
             raise ConfigError(f"engine must hold one worker's row (one model per worker), got {engine.m} rows")
+        if self.algorithm not in HOOKED:  # a subclass naming another schedule would train plain local SGD
+            raise ConfigError(f"the step hooks run the algorithms {', '.join(HOOKED)}, not '{str(self.algorithm)[:100]}' "
+                              f"(its step is not the optimizer's step plus communication): use gossamer train")
         n = engine.n if engine is not None else env_world_size(group)
         self.cfg = from_dict({"workers": n, "algorithm": self.algorithm, "engine": "dist",
                               "dist_backend": dist_backend, "dist_timeout": dist_timeout, **options})
