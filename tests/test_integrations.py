@@ -92,7 +92,7 @@ def test_hooks_give_the_simulators_parameters(name, sim_run, tmp_path):
 
 def assert_like_the_simulator(mine: dict, sim: dict, rank: int) -> None:
     assert (mine["X"][0] - sim["rows"]["X"][rank]).abs().max() < 1e-10, rank
-    assert mine["views"]  # the model's parameters live in the row the schedule updates in place
+    assert mine["views"] is True  # the model's parameters live in the row the schedule updates in place
     for key in ("rounds", "bytes_per_worker", "rounds_by_level", "bytes_by_level"):
         assert mine["comm"][key] == sim["comm"][key], key
     assert mine["step"] == sim["step"]

@@ -72,6 +72,33 @@ OWN_SEEDS = {
 }
 
 
+TORCH_DRAWS = {"rand", "randn", "randint", "randperm", "normal", "bernoulli", "multinomial", "poisson", "rand_like",
+               "randn_like", "randint_like"}
+NOT_DRAWS = {"getstate", "setstate", "get_state", "set_state", "Random", "default_rng", "Generator", "SeedSequence"}
+
+
+def test_every_draw_comes_from_a_named_generator():
+    """Every torch draw in the package passes its ``generator=`` (a stream of :mod:`gossamer.rng`), and
+    nothing draws from numpy's or Python's global generator (saving and restoring their state around
+    an upstream generator is not a draw): an unseeded ``torch.rand(3)`` or ``np.random.normal()``
+    fails here (issue 45, item 22: the test above greps for seeding calls only)."""
+    import ast
+
+    unseeded = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            name, attr = ast.unparse(node.func), node.func.attr
+            torch_draw = name.startswith("torch.") and attr in TORCH_DRAWS and \
+                not any(k.arg == "generator" for k in node.keywords)
+            global_draw = name.startswith(("np.random.", "numpy.random.", "random.")) and attr not in NOT_DRAWS and \
+                not name.startswith(("np.random.default_rng(", "numpy.random.default_rng("))
+            if torch_draw or global_draw:
+                unseeded.append(f"{path.name}:{node.lineno} {ast.unparse(node)[:80]}")
+    assert unseeded == []
+
+
 def test_no_module_seeds_a_generator_of_its_own():
     pattern = re.compile(r"(torch\.manual_seed\([^)]*\)|np\.random\.default_rng\([^)]*\)|SeedSequence\(|"
                          r"torch\.Generator\(|random\.seed\(|np\.random\.seed\()")

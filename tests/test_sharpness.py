@@ -72,6 +72,14 @@ def test_training_reports_the_sharpness_of_x_bar_at_each_evaluation():
     assert [r["step"] for r in evaluated] == [12, 24]
     assert all("sharpness" in r for r in evaluated) and not any("sharpness" in r for r in rows if r not in evaluated)
     assert summary["sharpness"] == evaluated[-1]["sharpness"] > 0
+    # the last one is the top eigenvalue of the loss over the run's fixed subset at the final x̄, from the
+    # start vector of its step (issue 45, item 22: only > 0 was checked)
+    data, w = run.data, run.workers
+    x_bar, b_bar = flatten(averaged_model(run, 23))
+    subset = training_subset(len(data.y_train), 200, host_stream("sharpness-subset", run.cfg.seed))
+    expected = model_sharpness(w, x_bar, b_bar, data.x_train[subset], data.y_train[subset], 10,
+                               host_stream("sharpness-start", run.cfg.seed, 24))
+    assert summary["sharpness"] == pytest.approx(expected, rel=1e-12)
     again, _, _ = train_rows("algorithm=local", "local_steps=3", "sharpness=true", "sharpness_samples=200",
                              "sharpness_iterations=10")
     assert again == rows  # a seeded start vector and a fixed subset: the same numbers

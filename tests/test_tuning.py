@@ -13,7 +13,7 @@ from gossamer.config import ConfigError, load_config
 from gossamer.data.partition import validation_split
 from gossamer.report import mean_ci, t_quantile
 from gossamer import repro
-from gossamer.train import Diverged, build_run
+from gossamer.train import Diverged, averaged_model, build_run
 
 
 def _same(a: dict, b: dict) -> bool:
@@ -44,6 +44,9 @@ def test_a_run_with_a_validation_split_trains_on_the_rest_and_reports_val_metric
     assert torch.equal(run.data.x_test, full.data.x_test)  # the test set is untouched
     assert 0 <= summary["val_accuracy"] <= 1 and "test_accuracy" in summary and "val_accuracy_local_mean" not in summary
     assert summary["val_accuracy"] == rows[-1]["val_accuracy"]
+    # x̄ of the last step on the held-out split, evaluated directly (issue 45, item 22: bounds only)
+    held_out = run.task.evaluate(averaged_model(run, summary["steps"] - 1), run.data.x_val, run.data.y_val)
+    assert summary["val_accuracy"] == held_out["test_accuracy"]
 
 
 @pytest.mark.parametrize("value, what", [("1", "in \\[0, 1\\)"), ("-0.1", "in \\[0, 1\\)"),
