@@ -490,6 +490,8 @@ def cmd_demo(args) -> int:
               flush=True)
         summaries[name] = run_training(cfg, out / name, args.overwrite)
         phase1[name] = phase_means(out / name / "metrics.jsonl", cfg.milestones)[0]
+        print(f"  done in {summaries[name]['wall_seconds']:.0f} s: test accuracy "
+              f"{summaries[name]['test_accuracy']:.4f}", flush=True)  # a line a run where no progress bar shows
     print()
     print(comparison_table(summaries))
     print()
