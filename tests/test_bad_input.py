@@ -208,7 +208,7 @@ NEEDS = {"dirichlet_alpha": ("partition=dirichlet",), "sharpness_samples": ("sha
          "clip_iterations": ("byzantine.aggregator=centered-clip", "byzantine.clip=1"),
          "trim": ("byzantine.aggregator=trimmed-mean",), "krum": ("byzantine.aggregator=krum",)}
 SECTIONS = {"network": ("network=ethernet-10g",), "consensus": ("consensus.target=constant", "consensus.value=1"),
-            "faults": ("faults.churn=0.1", "faults.downtime=2"), "byzantine": ("byzantine.attack=ipm",)}
+            "faults": ("faults.churn=0.1", "faults.downtime=2"), "byzantine": ("workers=4", "byzantine.attack=ipm", "byzantine.workers=[0]")}
 EXTREMES = [".nan", ".inf", "-.inf", "0", "-1", "0.5", "3", "1e308", "-1e308", "5e-324", "2.5e-310", str(2**63 - 1),
             str(2**63), str(-2**63 - 1), "1" + "0" * 400, "-1" + "0" * 400]
 
