@@ -154,6 +154,21 @@ def test_topology_json(capsys):
     assert run_cli(capsys, "topology", "torus", "-n", "13")[0] == 2
 
 
+def test_a_large_graph_says_it_is_working_before_it_works(capsys, monkeypatch):
+    """``topology epidemic:2 -n 100000`` was silent for minutes (issue 45, item 25): a line on stderr comes
+    first, before the graph is built (here the build is cut short, so the line is all there is)."""
+    from gossamer import cli
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "build_topology", stop)
+    code, out, err = run_cli(capsys, "topology", "epidemic:2", "-n", "100000")
+    assert code == 130 and out == ""
+    assert err.splitlines()[0].startswith("building and analysing 'epidemic:2' on 100,000 workers")
+    monkeypatch.undo()
+    assert run_cli(capsys, "topology", "ring", "-n", "64")[2] == ""  # a small one says nothing extra
+
+
 def test_compare_prints_a_table(tmp_path, capsys):
     assert run_cli(capsys, "train", *SMALL, "--out", str(tmp_path / "a"))[0] == 0
     code, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"))

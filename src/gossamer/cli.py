@@ -377,11 +377,17 @@ def _train_many(args) -> int:
     return 0
 
 
+LARGE_GRAPH = 10_000  # workers from which `gossamer topology` says it is working first
+
+
 def cmd_topology(args) -> int:
     if not 0.0 <= args.decay < 1.0:
         raise ConfigError(f"--decay must be in [0, 1), got {args.decay}")
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be a positive number of rounds, got {args.rounds}")
+    if args.n >= LARGE_GRAPH:  # minutes on a loaded machine: say so before, not after
+        print(f"building and analysing '{short(args.name)}' on {args.n:,} workers (the spectral gap of each sampled "
+              f"round: this can take minutes) ...", file=sys.stderr, flush=True)
     topology = build_topology(args.name, args.n, seed=args.seed, rounds=args.rounds)
     info = analyse(topology, decay=args.decay)
     if args.network:
