@@ -158,7 +158,7 @@ def test_resume_refuses_a_changed_or_missing_plugin(tmp_path, capsys):
 @pytest.mark.parametrize("text, message", [
     ("import no_such_module_here\n", "failed to import: ModuleNotFoundError: No module named 'no_such_module_here'"),
     ("from gossamer.extend import ALGORITHMS\n@ALGORITHMS.register('gossip')\ndef b(cfg, ctx): pass\n",
-     "failed to import: ConfigError: algorithm 'gossip' is already registered; choose another name"),
+     "registers a name that is taken: algorithm 'gossip' is already registered; choose another name"),
     ("from gossamer.extend import MODELS\n@MODELS.register('half-registered')\ndef b(cfg, data): pass\n1 / 0\n",
      "failed to import: ZeroDivisionError: division by zero"),
 ])
@@ -194,6 +194,39 @@ def test_installed_packages_announce_plugins_by_entry_point(tmp_path, monkeypatc
     monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point] if group == plugins.ENTRY_POINTS else [])
     cfg = load_config(None, ["model=announced"])
     assert cfg.plugins == [plugins.fingerprint("announced_plugin")]
+    # a run that uses none of its entries does not record it: it resumes after the package changes or goes
+    # (issue 45, item 16)
+    assert load_config(None, ["model=mlp"]).plugins is None
+
+
+def test_a_broken_installed_plugin_is_one_line_naming_its_package(tmp_path, monkeypatch, capsys):
+    """It broke every command without naming the package (issue 45, item 17); --version and compare
+    need no plugin and keep working."""
+    (tmp_path / "broken_installed.py").write_text("raise RuntimeError('half-written')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = importlib.metadata.EntryPoint("mine", "broken_installed", plugins.ENTRY_POINTS)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point] if group == plugins.ENTRY_POINTS else [])
+    assert main(["train", "--set", "num_samples=1000", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "installed plugin 'broken_installed' failed to import: RuntimeError: half-written" in err
+    assert "(package unknown package; uninstall or fix it)" in err
+    with pytest.raises(SystemExit) as version:
+        main(["--version"])
+    assert version.value.code == 0 and "gossamer" in capsys.readouterr().out
+
+
+def test_a_working_copy_of_an_installed_plugin_takes_its_names(tmp_path, monkeypatch, capsys):
+    """--plugin on a working copy of an installed plugin said "already registered" (issue 45, item 19): the
+    copy given by path is the one loaded, the installed one is skipped with a warning."""
+    text = Path(MODEL).read_text().replace('"conv-mixer-1d"', '"copied-mixer"')
+    (tmp_path / "installed_mixer.py").write_text(text)
+    (tmp_path / "working_copy.py").write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    point = importlib.metadata.EntryPoint("mine", "installed_mixer", plugins.ENTRY_POINTS)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group: [point] if group == plugins.ENTRY_POINTS else [])
+    cfg = load_config(None, ["model=copied-mixer", f"plugins=[{tmp_path / 'working_copy.py'}]"])
+    assert cfg.plugins == [plugins.fingerprint(str(tmp_path / "working_copy.py"))]
+    assert "the installed plugin 'installed_mixer' (unknown package) is not loaded" in capsys.readouterr().err
 
 
 def test_the_kit_passes_the_example_plugins():

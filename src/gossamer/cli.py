@@ -679,12 +679,21 @@ def main(argv: list[str] | None = None) -> int:
         return _fail("interrupted", 130)
 
 
+NO_PLUGINS = ("compare", "plot")  # commands that read run directories only
+
+
 def _main(argv: list[str]) -> int:
     try:
         plugins.load(_plugins_named(argv))
-        plugins.load_installed()
     except ConfigError as e:
         return _fail(str(e), 2)
+    try:
+        plugins.load_installed()
+    except ConfigError as e:  # a broken installed package stops only the commands that may need it
+        command = next((a for a in argv if not a.startswith("-")), None)
+        if command not in NO_PLUGINS and "--version" not in argv:
+            return _fail(str(e), 2)
+        print(f"gossamer: warning: {e}", file=sys.stderr)
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

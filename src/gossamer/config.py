@@ -410,13 +410,30 @@ def _with_required(values: dict[str, Any]) -> dict[str, Any]:
 
 def _with_plugins(values: dict[str, Any]) -> dict[str, Any]:
     """Import the config's plugins and the installed ones (before any name is looked up); the
-    config then records each as SOURCE#sha256=HEX (a recorded one must not have changed)."""
+    config then records as SOURCE#sha256=HEX (a recorded one must not have changed) each plugin it
+    names and each installed one whose entries it uses — not every installed package's, so a run
+    that uses none resumes after one is edited or uninstalled."""
     given = values.get("plugins") or []
     if not isinstance(given, list):
         raise ConfigError(f"plugins must be a list of .py files or module names, got {short(given)}")
     records = plugins.load(given)
-    records += [r for r in plugins.load_installed() if r not in records]
+    named = _names(values)
+    records += [r for r in plugins.load_installed() if r not in records
+                and any(name in named for _, name in plugins.registered(r))]
     return {**values, "plugins": records} if records else {k: v for k, v in values.items() if k != "plugins"}
+
+
+def _names(values: Any) -> set[str]:
+    """Every name a config's values could give an entry by: each string value (in sections and
+    lists too) cut at ``:``, ``+``, ``@`` and ``,``, with a codec's ``ef-`` taken off."""
+    if isinstance(values, dict):
+        return {name for value in values.values() for name in _names(value)}
+    if isinstance(values, (list, tuple)):
+        return {name for value in values for name in _names(value)}
+    if not isinstance(values, str):
+        return set()
+    parts = values.replace("+", ":").replace("@", ":").replace(",", ":").split(":")
+    return {part.strip().removeprefix("ef-") for part in parts}
 
 
 def _not_applicable(key: str, chosen: dict, general: dict) -> ConfigError:

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from .registry import ConfigError, short
+from .registry import ConfigError, NameTaken, short
 
 ENTRY_POINTS = "gossamer.plugins"
 HASH = "#sha256="
@@ -140,9 +140,21 @@ def registered(record: str) -> list[tuple[str, str]]:
     return list(_added[record.partition(HASH)[0]])
 
 
-def load_installed() -> list[str]:
-    """Import the plugins that installed packages announce in the ``gossamer.plugins`` entry points."""
-    return load([point.value.split(":")[0] for point in importlib.metadata.entry_points(group=ENTRY_POINTS)])
+def load_installed(warn=lambda line: print(f"gossamer: warning: {line}", file=sys.stderr)) -> list[str]:
+    """Import the plugins that installed packages announce in the ``gossamer.plugins`` entry points.
+    One whose names a plugin given by path already took (a working copy of the installed one) is
+    skipped with a ``warn`` line; one that fails to import is one line naming its package."""
+    records = []
+    for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
+        module = point.value.split(":")[0]
+        package = f"{point.dist.name} {point.dist.version}" if point.dist is not None else "unknown package"
+        try:
+            records += [r for r in load([module]) if r not in records]
+        except NameTaken as e:
+            warn(f"the installed plugin '{short(module)}' ({package}) is not loaded: {e}")
+        except ConfigError as e:
+            raise ConfigError(f"installed {e} (package {package}; uninstall or fix it)") from None
+    return records
 
 
 def _import(source: str) -> ModuleType:
@@ -169,6 +181,8 @@ def _import(source: str) -> ModuleType:
         for table, entries in zip(tables, saved[1]):
             table.clear()
             table.update(entries)
+        if isinstance(e, NameTaken):
+            raise NameTaken(f"plugin '{short(source)}' registers a name that is taken: {e}") from None
         reason = str(e).splitlines()[0] if str(e) else ""
         raise ConfigError(f"plugin '{short(source)}' failed to import: {type(e).__name__}"
                           f"{': ' + short(reason) if reason else ''}") from None

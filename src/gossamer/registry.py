@@ -21,6 +21,10 @@ class ConfigError(ValueError):
     """Bad input: the message is one line naming the option and what is allowed (CLI: exit 2)."""
 
 
+class NameTaken(ConfigError):
+    """A registration under a name that is taken (a built-in's, or another plugin's)."""
+
+
 def short(value: Any) -> str:
     """At most ~100 characters of a value for an error line, non-printable characters escaped (so a
     bad value is quoted, never echoed whole)."""
@@ -79,7 +83,7 @@ class Registry:
         topology's memory size), read by the one place that checks it."""
         def add(build: Callable) -> Callable:
             if name in self.entries:  # a plugin never shadows a built-in or another plugin
-                raise self.error(f"{self.kind} '{short(name)}' is already registered; choose another name")
+                raise NameTaken(f"{self.kind} '{short(name)}' is already registered; choose another name")
             self.entries[name] = Entry(name, build, options, help, spec or name, takes, tuple(example),
                                        MappingProxyType(dict(traits)))
             return build
