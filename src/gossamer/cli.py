@@ -377,7 +377,12 @@ def _train_many(args) -> int:
     return 0
 
 
-LARGE_GRAPH = 10_000  # workers from which `gossamer topology` says it is working first
+WORKING_AFTER = 5.0  # seconds after which `gossamer topology` says it is still working
+
+
+def _say_working(name: str, n: int) -> None:
+    print(f"building and analysing '{short(name)}' on {n:,} workers (the spectral gap of each sampled round: this "
+          f"can take minutes) ...", file=sys.stderr, flush=True)
 
 
 def cmd_topology(args) -> int:
@@ -385,11 +390,17 @@ def cmd_topology(args) -> int:
         raise ConfigError(f"--decay must be in [0, 1), got {args.decay}")
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be a positive number of rounds, got {args.rounds}")
-    if args.n >= LARGE_GRAPH:  # minutes on a loaded machine: say so before, not after
-        print(f"building and analysing '{short(args.name)}' on {args.n:,} workers (the spectral gap of each sampled "
-              f"round: this can take minutes) ...", file=sys.stderr, flush=True)
-    topology = build_topology(args.name, args.n, seed=args.seed, rounds=args.rounds)
-    info = analyse(topology, decay=args.decay)
+    import threading
+
+    # minutes on a loaded machine: say so while it works (not for what is refused or done at once)
+    working = threading.Timer(WORKING_AFTER, _say_working, (args.name, args.n))
+    working.daemon = True
+    working.start()
+    try:
+        topology = build_topology(args.name, args.n, seed=args.seed, rounds=args.rounds)
+        info = analyse(topology, decay=args.decay)
+    finally:
+        working.cancel()
     if args.network:
         info.update(network_times(topology, info["rounds_to_halve"], args.network, args.parameters))
     if args.json:
