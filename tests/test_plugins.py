@@ -319,3 +319,56 @@ def test_a_plugin_that_exits_at_import_is_one_line(tmp_path, capsys):
     code = main(["train", "--plugin", str(plugin), "--set", "num_samples=1000", "--out", str(tmp_path / "run")])
     err = capsys.readouterr().err
     assert code == 2 and "failed to import: SystemExit: 3" in err and err.count("\n") == 1, err
+
+
+HELPED = '''from gossamer.extend import OUTER_OPTIMIZERS
+import {helper}
+
+
+class Scaled:
+    def start(self, x_outer):
+        pass
+
+    def step(self, x_outer, pseudo_gradient, lr, momentum, staleness=0):
+        x_outer.add_(pseudo_gradient, alpha=-lr * {helper}.RATE)
+
+    def state_dict(self):
+        return {{}}
+
+    def load_state_dict(self, state):
+        pass
+
+
+@OUTER_OPTIMIZERS.register("{name}", help="plain SGD scaled by its helper's rate")
+def build(cfg):
+    return Scaled()
+'''
+
+
+def test_a_plugins_helper_module_is_in_its_record_and_a_moved_plugin_resumes(tmp_path, capsys):
+    """issue 45, item 18: a plugin importing a helper beside it resumed silently after the helper changed;
+    a plugin moved elsewhere could not be pointed at. The helper is in the hash; --plugin NEWPATH with the
+    recorded content resumes the run, which then records the new place."""
+    from gossamer.outer import OUTER_OPTIMIZERS
+
+    first, moved, out = tmp_path / "first", tmp_path / "moved", tmp_path / "run"
+    first.mkdir()
+    (first / "rate_helper_a.py").write_text("RATE = 0.5\n")
+    (first / "helped.py").write_text(HELPED.format(helper="rate_helper_a", name="helped-scaled"))
+    sets = [a for o in [*SHORT, "algorithm=diloco", "local_steps=2", "outer_optimizer=helped-scaled", "epochs=1"]
+            for a in ("--set", o)]
+    try:
+        assert main(["train", "--quiet", "--plugin", str(first / "helped.py"), "--out", str(out), *sets]) == 0
+        (first / "rate_helper_a.py").write_text("RATE = 0.25\n")
+        capsys.readouterr()
+        assert main(["train", "--resume", str(out), "--set", "epochs=2", "--quiet"]) == 2
+        assert "changed since the run recorded it" in capsys.readouterr().err
+        (first / "rate_helper_a.py").write_text("RATE = 0.5\n")
+        first.rename(moved)
+        assert main(["train", "--resume", str(out), "--set", "epochs=2", "--quiet"]) == 2
+        assert "does not exist" in capsys.readouterr().err
+        assert main(["train", "--resume", str(out), "--set", "epochs=2", "--quiet", "--plugin",
+                     str(moved / "helped.py")]) == 0
+        assert str(moved / "helped.py") in (out / "config.yaml").read_text()
+    finally:
+        OUTER_OPTIMIZERS.entries.pop("helped-scaled", None)

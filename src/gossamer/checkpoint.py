@@ -126,8 +126,12 @@ def check_checkpoint(run_config: dict, written_with: dict, run_dir: str) -> None
 
 
 def _differences(a: dict, b: dict) -> str:
-    """The keys (but :data:`RESUMABLE_KEYS`) whose values differ, with both values ("" if none)."""
-    changed = sorted(k for k in set(a) | set(b) if k not in RESUMABLE_KEYS and a.get(k) != b.get(k))
+    """The keys (but :data:`RESUMABLE_KEYS`) whose values differ, with both values ("" if none).
+    Plugins are compared by their content (a plugin moved elsewhere, ``--plugin NEWPATH``, is the same)."""
+    def comparable(config: dict, key: str):
+        value = config.get(key)
+        return sorted(r.partition("#sha256=")[2] for r in value) if key == "plugins" and value else value
+    changed = sorted(k for k in set(a) | set(b) if k not in RESUMABLE_KEYS and comparable(a, k) != comparable(b, k))
     return ", ".join(f"{k} ({short(a.get(k))} → {short(b.get(k))})" for k in changed[:5])
 
 

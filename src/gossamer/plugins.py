@@ -6,8 +6,9 @@ A plugin is named by a path (``my_algorithm.py``, any name ending in ``.py`` or 
 an importable module (``mylab.gossip``); installed packages announce theirs in the entry-point
 group ``gossamer.plugins`` (loaded by :func:`load_installed`). A config records each plugin it used
 as ``SOURCE#sha256=HEX`` (:func:`load`): its absolute path or module name and the SHA-256 of its
-source (a package: of its ``.py`` files, by relative path), so a run directory says which code it
-ran and a resume refuses, naming the plugin, one that is missing or changed.
+source (a package: of its ``.py`` files, by relative path; and the helper modules beside it that
+they import), so a run directory says which code it ran and a resume refuses, naming the plugin,
+one that is missing or changed — or finds one that moved, given again by path with the same content.
 
 Importing is all or nothing: a plugin that fails to import, or registers a name that is taken (a
 built-in's or another plugin's — nothing shadows silently), leaves the registries as they were
@@ -16,6 +17,7 @@ and is one :class:`~gossamer.registry.ConfigError` line. A plugin is imported on
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import hashlib
@@ -33,6 +35,7 @@ HASH = "#sha256="
 
 _loaded: dict[str, str] = {}  # source → the sha256 it was imported with
 _added: dict[str, list[tuple[str, str]]] = {}  # source → the (kind, name) entries its import registered
+_moved: dict[str, str] = {}  # sha256 → the latest source loaded with it: where a recorded plugin that moved is now
 
 
 def is_path(spec: str) -> bool:
@@ -75,11 +78,41 @@ def source_of(spec: str) -> tuple[str, list[Path], Path]:
     return spec, [origin], origin.parent
 
 
+def local_imports(files: list[Path], root: Path) -> list[Path]:
+    """The .py files under ``root`` that ``files`` import, directly or through one another (read from
+    their source, not run): a plugin's helper modules beside it, which change what it computes."""
+    found, todo = set(files), list(files)
+    while todo:
+        file = todo.pop()
+        try:
+            tree = ast.parse(file.read_bytes())
+        except (SyntaxError, ValueError):
+            continue  # the import reports it
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [(alias.name, root) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = root if not node.level else file.parents[node.level - 1]
+                module = (node.module or "").replace(".", "/")
+                names = [(module, base), *((f"{module}/{alias.name}".strip("/"), base) for alias in node.names)]
+            else:
+                continue
+            for name, base in names:
+                path = base / name.replace(".", "/")
+                for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+                    if name and candidate.is_file() and candidate.resolve().is_relative_to(root.resolve()) \
+                            and candidate not in found:
+                        found.add(candidate)
+                        todo.append(candidate)
+    return sorted(found)
+
+
 def fingerprint(spec: str) -> str:
-    """``SOURCE#sha256=HEX`` of a plugin as it is now."""
+    """``SOURCE#sha256=HEX`` of a plugin as it is now: its files and the helper modules beside it
+    that they import (:func:`local_imports`)."""
     source, files, root = source_of(spec)
     digest = hashlib.sha256()
-    for file in files:
+    for file in local_imports(files, root):
         digest.update(str(file.relative_to(root)).encode() + b"\0" + file.read_bytes() + b"\0")
     return f"{source}{HASH}{digest.hexdigest()}"
 
@@ -92,6 +125,8 @@ def load(specs: list[str]) -> list[str]:
         if not isinstance(spec, str) or not spec.strip():
             raise ConfigError(f"plugins must be a list of .py files or module names, got {short(spec)}")
         given, _, recorded = spec.partition(HASH)
+        if recorded and is_path(given) and not Path(given).expanduser().is_file() and recorded in _moved:
+            given = _moved[recorded]  # moved: the plugin given by path with the recorded content
         record = fingerprint(given)
         source, _, digest = record.partition(HASH)
         if recorded and recorded != digest:
@@ -99,6 +134,10 @@ def load(specs: list[str]) -> list[str]:
                               f"then, {digest[:12]}… now); restore it, or start a new run")
         if _loaded.get(source, digest) != digest:
             raise ConfigError(f"plugin '{short(source)}' changed since this process imported it; start a new process")
+        _moved[digest] = source  # where this content is now
+        earlier = next((src for src, d in _loaded.items() if d == digest and src != source), None)
+        if source not in _loaded and earlier is not None:  # the same code, imported from where it was
+            _loaded[source], _added[source] = digest, _added[earlier]
         if source not in _loaded:
             registries = _registries()[0]
             before = {(r.kind, name) for r in registries for name in r.entries}
@@ -165,6 +204,9 @@ def _import(source: str) -> ModuleType:
         if not is_path(source):
             return importlib.import_module(source)
         name = f"gossamer_plugin_{hashlib.sha256(source.encode()).hexdigest()[:12]}"
+        folder = str(Path(source).parent)
+        if folder not in sys.path:  # as for a script: its helper modules beside it import
+            sys.path.append(folder)
         spec = importlib.util.spec_from_file_location(name, source)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module  # dataclasses and pickling look the module up by name
