@@ -156,11 +156,13 @@ def test_resume_refuses_a_changed_or_missing_plugin(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("import no_such_module_here\n", "failed to import: ModuleNotFoundError: No module named 'no_such_module_here'"),
+    ("import no_such_module_here\n",
+     "failed to import: ModuleNotFoundError: No module named 'no_such_module_here' (bad.py line 1)"),
+    ("x = 1\ndef broken(:\n", "failed to import: SyntaxError: invalid syntax (bad.py line 2)"),  # issue 45, item 20
     ("from gossamer.extend import ALGORITHMS\n@ALGORITHMS.register('gossip')\ndef b(cfg, ctx): pass\n",
      "registers a name that is taken: algorithm 'gossip' is already registered; choose another name"),
     ("from gossamer.extend import MODELS\n@MODELS.register('half-registered')\ndef b(cfg, data): pass\n1 / 0\n",
-     "failed to import: ZeroDivisionError: division by zero"),
+     "failed to import: ZeroDivisionError: division by zero (bad.py line 4)"),
 ])
 def test_a_plugin_that_fails_is_one_line_and_changes_no_registry(tmp_path, capsys, text, message):
     plugin = tmp_path / "bad.py"
@@ -372,3 +374,16 @@ def test_a_plugins_helper_module_is_in_its_record_and_a_moved_plugin_resumes(tmp
         assert str(moved / "helped.py") in (out / "config.yaml").read_text()
     finally:
         OUTER_OPTIMIZERS.entries.pop("helped-scaled", None)
+
+
+def test_a_failed_launch_names_its_cause_not_torchruns_rule():
+    """check-plugin showed a line of '=' for a 2-process failure (issue 45, item 20)."""
+    from gossamer.testing import Check, launch_failure
+
+    stderr = ("[rank1]: gossamer: error: lost a peer: rank 0 stopped answering within 60 s\n"
+              "E1206 torch/distributed/elastic: failed\n" + "=" * 60 + "\n" + "-" * 60 + "\n")
+    assert launch_failure(stderr) == "[rank1]: gossamer: error: lost a peer: rank 0 stopped answering within 60 s"
+    assert launch_failure("Traceback...\nRuntimeError: boom\n" + "=" * 40) == "RuntimeError: boom"
+    assert launch_failure("") == "(no output)"
+    assert "max |Δ|" not in Check("algorithm x", "resume", False, float("inf"), "the summary").line()
+    assert "(max |Δ| = 0.5)" in Check("algorithm x", "resume", False, 0.5, "state.rows.X").line()

@@ -25,6 +25,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 
@@ -225,6 +226,21 @@ def _import(source: str) -> ModuleType:
             table.update(entries)
         if isinstance(e, NameTaken):
             raise NameTaken(f"plugin '{short(source)}' registers a name that is taken: {e}") from None
-        reason = str(e).splitlines()[0] if str(e) else ""
+        text = e.msg if isinstance(e, SyntaxError) else str(e)  # a syntax error's str holds its place again
+        reason = text.splitlines()[0] if text else ""
         raise ConfigError(f"plugin '{short(source)}' failed to import: {type(e).__name__}"
-                          f"{': ' + short(reason) if reason else ''}") from None
+                          f"{': ' + reason[:300] if reason else ''}{_where(e, source)}") from None
+
+
+def _where(error: BaseException, source: str) -> str:
+    """`` (FILE line N)``: the innermost line of the plugin's own code (its folder or package) that the
+    error came from (a syntax error's own line), or nothing."""
+    if isinstance(error, SyntaxError) and error.lineno:
+        return f" ({Path(error.filename or '?').name} line {error.lineno})"
+    try:
+        root = source_of(source)[2].resolve()
+    except ConfigError:
+        return ""
+    frames = [f for f in traceback.extract_tb(error.__traceback__)
+              if not f.filename.startswith("<") and Path(f.filename).resolve().is_relative_to(root)]
+    return f" ({Path(frames[-1].filename).name} line {frames[-1].lineno})" if frames else ""

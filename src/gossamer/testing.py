@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import random
 import subprocess
@@ -68,7 +69,8 @@ class Check:
 
     def line(self) -> str:
         verdict = "n/a " if self.passed is None else "PASS" if self.passed else "FAIL"
-        shown = "" if self.deviation is None else f" (max |Δ| = {self.deviation:.3g})"
+        # inf: not a number that moved (rows, keys, a run that stopped): the detail says what differs
+        shown = "" if self.deviation is None or math.isinf(self.deviation) else f" (max |Δ| = {self.deviation:.3g})"
         return f"{verdict}  {self.entry:<32} {self.check:<10} {self.detail}{shown}"
 
 
@@ -409,8 +411,7 @@ def process_differences(plugin: str | None, cases: dict[str, list[str]], procs: 
                                str(procs), "-m", "gossamer.testing", str(root)], capture_output=True, text=True,
                               timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-            failed = f"the {procs}-process launch failed: {tail[:200]}"
+            failed = f"the {procs}-process launch failed: {launch_failure(done.stderr)[:300]}"
             return {name: OnProcesses(None, float("inf"), None, 0, failed) for name in cases}
         results = {}
         for name, overrides in runs.items():
@@ -429,6 +430,15 @@ def process_differences(plugin: str | None, cases: dict[str, list[str]], procs: 
                 "the traffic counts" if state["comm"] != comm else None
             results[name] = OnProcesses(differs, delta, *wire_difference(root / f"wire-{name}", procs))
         return results
+
+
+def launch_failure(stderr: str) -> str:
+    """The line of a failed torchrun launch's stderr that says why: our own error line (a lost peer,
+    a bad config) if a process wrote one, else the last line that is not one of torchrun's rules of
+    ``=`` or ``-``."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip() and set(line.strip()) - set("=-")]
+    ours = [line for line in lines if "gossamer: error:" in line]
+    return (ours or lines or ["(no output)"])[-1]
 
 
 def _train_on_processes(root: Path) -> None:
