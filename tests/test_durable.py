@@ -226,7 +226,22 @@ def test_checkpoints_hold_the_full_state_and_load_with_weights_only(tmp_path):
     assert state["optimizer"]["rows"]["steps"].tolist() == [2 * S] * 4  # each worker's Adam step count
     assert set(state["optimizer"]["rows"]) == {"exp_avg", "exp_avg_sq", "steps"}
     assert set(state["schedule"]["rows"]) == {"x_outer"} and "momentum" in state["schedule"]["outer"]["rows"]
-    assert state["comm"]["rounds"] == 2 * S // 3 and "torch" in state["rng"]
+    assert state["comm"]["rounds"] == 2 * S // 3 and state["rng"]["rows"]["torch"].shape[0] == 4
+    assert (state["rng"]["rows"]["torch"] == state["rng"]["rows"]["torch"][0]).all()  # one process: its copies
+
+
+def test_each_process_resumes_its_own_generator_state():
+    """The checkpoint kept rank 0's torch generator and gave it to every rank (issue 45, item 22): each
+    process's state is kept on its rows, and a process resumes from the copy on its own first row;
+    a checkpoint from before (one state) still resumes."""
+    from gossamer.checkpoint import local_rows, process_rng
+
+    states = torch.stack([torch.full((5,), k, dtype=torch.uint8) for k in (0, 0, 7, 7)])  # 2 processes, 2 rows each
+    state = {"rng": {"rows": {"torch": states}}}
+    assert process_rng(local_rows(state, range(2, 4)))["torch"].tolist() == [7] * 5
+    assert process_rng(local_rows(state, range(0, 2)))["torch"].tolist() == [0] * 5
+    old = {"rng": {"torch": torch.arange(3, dtype=torch.uint8)}}
+    assert process_rng(local_rows(old, range(2, 4)))["torch"].tolist() == [0, 1, 2]
 
 
 def test_the_csv_log_of_a_resumed_run_equals_the_uninterrupted_ones(tmp_path, monkeypatch):
@@ -238,3 +253,16 @@ def test_the_csv_log_of_a_resumed_run_equals_the_uninterrupted_ones(tmp_path, mo
         assert main(["train", "--quiet", "--out", str(stopped), *sets(*overrides)]) == 143
     assert main(["train", "--quiet", "--resume", str(stopped)]) == 0
     assert (stopped / "metrics.csv").read_text() == (straight / "metrics.csv").read_text()
+
+
+def test_a_checkpoint_of_format_4_resumes(tmp_path):
+    """Format 4 kept one generator state (rank 0's): it still resumes, to the same run."""
+    out, straight = tmp_path / "run", tmp_path / "straight"
+    assert main(["train", "--quiet", "--out", str(straight), *sets(*SMALL, "epochs=2")]) == 0
+    assert main(["train", "--quiet", "--out", str(out), *sets(*SMALL, "epochs=1")]) == 0
+    state = torch.load(out / "checkpoint.pt", weights_only=True)
+    state["format"], state["rng"] = 4, {"torch": state["rng"]["rows"]["torch"][0]}
+    torch.save(state, out / "checkpoint.pt")
+    assert main(["train", "--quiet", "--resume", str(out), "--set", "epochs=2"]) == 0
+    assert torch.equal(torch.load(out / "checkpoint.pt", weights_only=True)["rows"]["X"],
+                       torch.load(straight / "checkpoint.pt", weights_only=True)["rows"]["X"])

@@ -20,7 +20,10 @@ import torch
 
 from .registry import ConfigError, short
 
-FORMAT = 4  # 3: per-worker Adam step counts, the clock's per-worker times, AD-PSGD's events on the clock; 4: AD-PSGD's reads to take
+# 3: per-worker Adam step counts, the clock's per-worker times, AD-PSGD's events on the clock; 4: AD-PSGD's reads
+# to take; 5: each process's generator states, a copy per row (rank 0's alone before)
+FORMAT = 5
+READABLE = (4, 5)  # the formats a resume reads (4: the generator of rank 0 for every process)
 RESUMABLE_KEYS = ("epochs", "eval_every", "metrics_every", "checkpoint_every", "logger", "sharpness",
                   "sharpness_samples", "sharpness_iterations")
 """Keys a resumed run may change: its length, how it logs and what it measures, nothing that
@@ -30,9 +33,11 @@ changes training."""
 def capture(run, progress, step: int) -> dict:
     """The state of ``run`` after ``step`` steps (this process's rows)."""
     w = run.workers
+    # each process's generators, one copy per local row: gathered with the rows, each process gets its own back
     rng = {"torch": torch.get_rng_state()}
     if w.X.device.type == "cuda":
         rng["cuda"] = torch.cuda.get_rng_state(w.X.device)
+    rng = {"rows": {name: state.expand(w.m, -1).clone() for name, state in rng.items()}}
     return {"format": FORMAT, "step": step, "config": run.cfg.to_dict(),
             "rows": {"X": w.X, "B": w.B, "integer_buffers": w.integer_buffers()},
             "optimizer": run.optimizer.state_dict(), "schedule": run.schedule.state_dict(),
@@ -62,10 +67,18 @@ def restore(run, progress, state: dict) -> int:
         run.engine.adversary.load_state_dict(_on(local["byzantine"], w.X.device))
     if run.clean is not None:
         restore(run.clean.run, run.clean.progress, local["clean"])
-    torch.set_rng_state(local["rng"]["torch"])
-    if "cuda" in local["rng"] and w.X.device.type == "cuda":
-        torch.cuda.set_rng_state(local["rng"]["cuda"], w.X.device)
+    rng = process_rng(local)
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and w.X.device.type == "cuda":
+        torch.cuda.set_rng_state(rng["cuda"], w.X.device)
     return int(local["step"])
+
+
+def process_rng(local: dict) -> dict[str, torch.Tensor]:
+    """This process's generator states in a state cut to its rows (:func:`local_rows`): the copy on
+    its first row (a checkpoint from before they were kept per process: the one saved, rank 0's)."""
+    rng = local["rng"]
+    return {name: rows[0].cpu() for name, rows in rng["rows"].items()} if "rows" in rng else rng
 
 
 def check_fits(state: dict, run, run_dir: str) -> None:

@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from .config import Config, ConfigError, read_yaml
-from .checkpoint import FORMAT
+from .checkpoint import READABLE
 from .loggers import IN_PLACE, LOGGED, Loggers, logger_names
 from .registry import short
 
@@ -353,10 +353,10 @@ def load_checkpoint(path: str | Path) -> dict:
     except Exception as e:  # an empty, truncated or foreign file
         reason = str(e).strip().splitlines()[0][:100] if str(e).strip() else "it ends early: empty or truncated"
         raise ConfigError(f"--resume '{short(path)}': checkpoint.pt cannot be read ({reason})") from None
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in READABLE:
         found = state.get("format") if isinstance(state, dict) else None
         raise ConfigError(f"--resume '{short(path)}': checkpoint.pt is of format {found}, this gossamer reads "
-                          f"format {FORMAT} (the state it holds changed); start the run again")
+                          f"formats {' and '.join(map(str, READABLE))} (the state it holds changed); start the run again")
     return state
 
 
