@@ -78,7 +78,10 @@ def process_rng(local: dict) -> dict[str, torch.Tensor]:
     """This process's generator states in a state cut to its rows (:func:`local_rows`): the copy on
     its first row (a checkpoint from before they were kept per process: the one saved, rank 0's)."""
     rng = local["rng"]
-    return {name: rows[0].cpu() for name, rows in rng["rows"].items()} if "rows" in rng else rng
+    if "rows" not in rng:
+        return rng
+    # a copy with storage of its own: torch reads a generator state from the start of its storage
+    return {name: rows[0].cpu().clone() for name, rows in rng["rows"].items()}
 
 
 def check_fits(state: dict, run, run_dir: str) -> None:
