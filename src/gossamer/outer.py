@@ -35,7 +35,7 @@ from typing import Protocol
 
 import torch
 
-from .optim import Adam
+from .optim import SGD, Adam
 from .registry import ConfigError, Registry, short
 
 OUTER_OPTIMIZERS = Registry("outer_optimizer")
@@ -60,30 +60,27 @@ class OuterOptimizer(Protocol):
 
 @dataclass
 class Momentum:
-    """``nesterov`` and ``sgd``: one momentum buffer u per row (none when β is 0 throughout).
-    Δ is used as scratch."""
+    """``nesterov`` and ``sgd``: :class:`gossamer.optim.SGD` on the rows at the step's β (its buffer
+    exists when the configured β is > 0; a schedule's β_k is then > 0 at every step). Δ is used as
+    scratch."""
 
     nesterov: bool
-    momentum: float  # the configured β (the buffer exists when it is > 0)
-    rows: dict = field(default_factory=dict)
+    momentum: float  # the configured β
+    sgd: SGD | None = None
 
     def start(self, x_outer: torch.Tensor) -> None:
-        self.rows = {"momentum": torch.zeros_like(x_outer)} if self.momentum else {}
+        self.sgd = SGD(x_outer, self.momentum, self.nesterov)
 
     def step(self, x_outer, pseudo_gradient, lr, momentum, staleness=0) -> None:
-        if not self.rows:
-            x_outer.add_(pseudo_gradient, alpha=-lr)
-            return
-        u = self.rows["momentum"]
-        u.mul_(momentum).add_(pseudo_gradient)
-        x_outer.add_(pseudo_gradient.add_(u, alpha=momentum) if self.nesterov else u, alpha=-lr)
+        if self.momentum:
+            self.sgd.momentum = momentum
+        self.sgd.step(x_outer, pseudo_gradient, lr)
 
     def state_dict(self) -> dict:
-        return {"rows": dict(self.rows)}
+        return self.sgd.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
-        for name, value in state["rows"].items():
-            self.rows[name].copy_(value)
+        self.sgd.load_state_dict(state)
 
 
 @dataclass

@@ -137,7 +137,7 @@ class AsyncLocalSGD(Schedule):
         self.outer.start(self.theta)
         self.versions, self.left, self.count = [0] * n, list(self.steps), [0] * n
         self.ready, self.arrived = [False] * n, [0.0] * n
-        self.events = [(self.timing.compute * self.timing.factor(0, w), STEP, w) for w in range(n)]
+        self.events = [(self._finish(0.0, w), STEP, w) for w in range(n)]
         heapq.heapify(self.events)
 
     def model_row(self, engine, X: torch.Tensor) -> torch.Tensor:
@@ -172,7 +172,7 @@ class AsyncLocalSGD(Schedule):
         self.left[w] -= 1
         self.ready[w] = False
         if self.left[w]:
-            heapq.heappush(self.events, (now + self.timing.compute * self.timing.factor(self.count[w], w), STEP, w))
+            heapq.heappush(self.events, (self._finish(now, w), STEP, w))
             return
         self._flush(io)
         self.pushes += 1
@@ -180,6 +180,10 @@ class AsyncLocalSGD(Schedule):
         leaves = self._queue(0, now)
         io.engine.server_message("push", row_bytes(io.X), w, leaves - now)
         heapq.heappush(self.events, (leaves + self.timing.message, ARRIVAL, w))
+
+    def _finish(self, start: float, w: int) -> float:
+        """When w's next inner step, begun at ``start``, ends: start + c·s_w·ε_w(k), k its count."""
+        return start + self.timing.compute * self.timing.factor(self.count[w], w)
 
     def _queue(self, direction: int, ready: float) -> float:
         """When a message ready at ``ready`` starts on the server's link (0: in, 1: out), first come
@@ -217,8 +221,7 @@ class AsyncLocalSGD(Schedule):
             if self.reset:
                 self.optimizer.reset_(w)
             self.left[w] = self.steps[w]
-            got = start + self.timing.message
-            heapq.heappush(self.events, (got + self.timing.compute * self.timing.factor(self.count[w], w), STEP, w))
+            heapq.heappush(self.events, (self._finish(start + self.timing.message, w), STEP, w))
         self.window, self.waiting = None, []
 
     def _compute(self, io: StepIO) -> None:
