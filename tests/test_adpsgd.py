@@ -15,7 +15,7 @@ from gossamer.algorithms.asynchronous import ADPSGD
 from gossamer.cli import main
 from gossamer.engines.sim import SimEngine
 from gossamer.network import Speeds
-from gossamer.rng import host_stream
+from gossamer.rng import row_uniforms
 from gossamer.topology import build_topology
 from gossamer.train import build_run, epoch_indices, lr_at, train
 from gossamer.workers import WorkerMatrix
@@ -54,7 +54,8 @@ def reference(cfg, run) -> tuple[torch.Tensor, np.ndarray, int]:
         peers = sorted({int(j) for j, w in zip(W.index[:, i], W.weight[:, i]) if w and j != i})
         wait = 0.0
         if peers:
-            j = peers[host_stream("ad-psgd-neighbour", cfg.seed, k, i).integers(len(peers))]
+            u = row_uniforms("ad-psgd-neighbour", cfg.seed, k, rows=[i], width=1)[0, 0]  # worker i's row
+            j = peers[int(u * len(peers))]
             X[i] = X[j] = (X[i] + X[j]) / 2
             wait, pairs = tau, pairs + 1
         X[i] -= lr_at(cfg, events // n, S) * one.G[0]

@@ -75,7 +75,7 @@ import numpy as np
 import torch
 
 from .registry import ConfigError, short
-from .rng import declare, host_stream
+from .rng import declare, host_stream, row_normals
 
 ATTACKS = ("none", "sign-flip", "ipm", "alie", "gaussian", "label-flip", "dissensus")
 GRAPH_ATTACKS = ("dissensus",)  # need a receiver's neighbourhood
@@ -85,7 +85,7 @@ GOSSIP_AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-gossip", "self-
 MAX_CLIP_ITERATIONS = 1000  # centered clipping's L: every aggregation runs all of them
 MAJORITY = ("median", "trimmed-mean", "krum", "multi-krum", "centered-clip")  # guarantees need f < n/2
 DEFAULT_STRENGTH = {"sign-flip": 1.0, "ipm": 0.1, "gaussian": 1.0, "dissensus": 1.0}
-NOISE = declare("byzantine-noise", "the gaussian attack's message of a Byzantine worker", ("call", "worker"))
+NOISE = declare("byzantine-noise", "the gaussian attack's message of a Byzantine worker", ("call",), row="worker")
 CHOICE = declare("byzantine-workers", "the Byzantine workers byzantine.fraction draws", ())
 
 
@@ -373,9 +373,8 @@ class Adversary:
 
     def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
         """One N(0, s²) message per worker [n, d] (drawn for the Byzantine ones, zero for the others)."""
-        noise = np.zeros((len(self.byzantine), d))
-        for b in np.flatnonzero(self.byzantine):
-            noise[b] = host_stream(NOISE, self.seed, self.calls, int(b)).normal(0.0, self._strength(), d)
+        noise, byzantine = np.zeros((len(self.byzantine), d)), np.flatnonzero(self.byzantine)
+        noise[byzantine] = self._strength() * row_normals(NOISE, self.seed, self.calls, rows=byzantine, width=d)
         return torch.from_numpy(noise).to(like)
 
     def crafted(self, M: torch.Tensor, honest: torch.Tensor, x: torch.Tensor | None = None,

@@ -10,21 +10,21 @@ bytes (float32 values, int32 indices):
 
 - ``sign`` (Lin et al. 2020): C(Δ) = (‖Δ‖₁ / d_t) · sign(Δ): one bit a coordinate and one
   float32 scale a tensor, ⌈d/8⌉ + 4T bytes. A bit has two states, so an exact zero (a coordinate
-  that did not move) is sent as +1 or −1 by a fair coin of the worker's generator (stream
-  ``sign``: seed, round, worker): E sign = 0 = sign(0), so unchanged coordinates do not drift.
+  that did not move) is sent as +1 or −1 by a fair coin of the worker's row (row stream
+  ``sign``: seed, round; a row per worker): E sign = 0 = sign(0), so unchanged coordinates do not drift.
 - ``top-k:F`` (Stich et al. 2018): the k_t = ⌈F·d_t⌉ entries of largest magnitude, as int32
   indices and float32 values: 8 Σ k_t bytes. Biased; ‖C(Δ) − Δ‖² ≤ (1 − k_t/d_t)‖Δ‖².
 - ``random-k:F``: k_t coordinates drawn uniformly without replacement from a generator that
   every worker seeds alike (stream ``random-k``: seed, round, tensor), so the indices are not sent: 4 Σ k_t
   bytes. Unbiased form (d_t / k_t)·Δ_S.
 - ``qsgd:S`` (Alistarh et al. 2017): per tensor ‖Δ‖₂ · sign(Δ_j) · ξ_j / S, with ξ_j ∈ {0..S}
-  rounded up from S|Δ_j|/‖Δ‖₂ with probability equal to its fractional part (a generator per
-  worker, stream ``qsgd``: seed, round, worker): unbiased. Sign and level take
+  rounded up from S|Δ_j|/‖Δ‖₂ with probability equal to its fractional part (a row per
+  worker, row stream ``qsgd``: seed, round): unbiased. Sign and level take
   1 + ⌈log₂(S + 1)⌉ bits a coordinate, plus a float32 norm a tensor.
 - ``quant:B`` (B-bit uniform quantisation): per tensor a float32 scale s_t = max_j |Δ_j| (rounded
   up to float32), each coordinate a level ℓ_j ∈ {−L..L}, L = 2^(B−1) − 1, standing for s_t ℓ_j / L,
   rounded stochastically (ℓ_j = ⌊u_j⌋ + [U_j < u_j − ⌊u_j⌋], u_j = L Δ_j / s_t; U_j from the
-  worker's generator, stream ``quant``: seed, round, worker): unbiased. B bits a coordinate, ⌈B·d/8⌉ + 4T bytes.
+  worker's row, row stream ``quant``: seed, round): unbiased. B bits a coordinate, ⌈B·d/8⌉ + 4T bytes.
 - chains ``S+V`` (``top-k:0.03+quant:2``, SparseLoCo's codec): the sparsifier S (top-k or
   random-k) picks the coordinates, and its kept values travel through V (``sign``, ``qsgd:S`` or
   ``quant:B``, per tensor over the k_t kept values) instead of as float32: V's bytes for the
@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from .registry import ConfigError, Registry, short
-from .rng import host_stream
+from .rng import host_stream, row_uniforms
 
 CODECS = Registry("compression")
 ERROR_FEEDBACK = "ef-"
@@ -87,11 +87,10 @@ def from_bytes(data: torch.Tensor, dtype: torch.dtype, kind: torch.dtype = torch
 
 def worker_uniforms(name: str, seed: int, round: int, rows: range, d: int, dtype: torch.dtype,
                     device: torch.device) -> torch.Tensor:
-    """U[0, 1) draws [len(rows), d], row i from worker rows[i]'s generator of stream ``name``
-    (seed, round, worker): the same draws whichever process encodes a worker's row."""
+    """U[0, 1) draws [len(rows), d], row i worker rows[i]'s of row stream ``name`` (seed, round):
+    the same draws whichever process encodes a worker's row."""
     kind = np.float64 if dtype == torch.float64 else np.float32
-    return torch.stack([torch.from_numpy(host_stream(name, seed, round, worker).random(d, dtype=kind))
-                        for worker in rows]).to(device)
+    return torch.from_numpy(row_uniforms(name, seed, round, rows=rows, width=d, dtype=kind)).to(device)
 
 
 def parse_fraction(name: str, param: str | None) -> float:
@@ -108,7 +107,7 @@ def parse_fraction(name: str, param: str | None) -> float:
 @dataclass
 class SignCodec:
     """C(Δ) = (‖Δ‖₁ / numel) · sign(Δ) per tensor; ``numels`` are the sizes of a row's tensors.
-    sign(0) is a fair coin per coordinate, drawn from stream ``sign`` (seed, round, worker)."""
+    sign(0) is a fair coin per coordinate, drawn from row stream ``sign`` (seed, round; worker's row)."""
 
     numels: list[int]
     seed: int = 0
@@ -227,7 +226,7 @@ class RandomK:
 class QSGD:
     """Stochastic quantisation to S levels per tensor (Alistarh et al. 2017): a float32 norm, then
     sign and level of every coordinate in 1 + ⌈log₂(S + 1)⌉ packed bits. Each worker draws its
-    rounding from stream ``qsgd`` (seed, round, worker). ``contractive`` decodes Q(Δ)/τ_t, τ_t = 1 + min(d_t/S², √d_t/S)."""
+    rounding from row stream ``qsgd`` (seed, round; the worker's row). ``contractive`` decodes Q(Δ)/τ_t, τ_t = 1 + min(d_t/S², √d_t/S)."""
 
     numels: list[int]
     levels: int
@@ -271,8 +270,8 @@ class QSGD:
 @dataclass
 class Quant:
     """B-bit uniform quantisation per tensor (see the module docstring): a float32 scale s_t, then a
-    level ℓ ∈ {−L..L} a coordinate as the B-bit code ℓ + L. Stochastic rounding from stream
-    ``quant`` (seed, round, worker), unbiased; ``contractive``: rounded to the nearest level."""
+    level ℓ ∈ {−L..L} a coordinate as the B-bit code ℓ + L. Stochastic rounding from row stream
+    ``quant`` (seed, round; the worker's row), unbiased; ``contractive``: rounded to the nearest level."""
 
     numels: list[int]
     bits: int

@@ -19,7 +19,8 @@ same decorators the built-ins use, e.g.::
   :class:`Context`, :func:`synchronous_step`, :func:`shared_rows`; the gossip graph of an
   algorithm: :class:`GraphOptions`, :func:`build_graph`, :func:`gossip_state`;
 - W in neighbour-slot form: :class:`Mixing`, :class:`Topology`, :func:`drop_slots`;
-- random draws from their own named stream: :func:`declare`, :func:`host_stream`;
+- random draws from their own named stream: :func:`declare`, :func:`host_stream`, and a row per
+  worker of a row stream: :func:`row_uniforms`, :func:`row_normals`;
 - :class:`ConfigError` (bad input: one line, exit 2), :data:`REJOIN_MODES` (the ``faults`` trait
   of an algorithm that runs with faults), :class:`Dataset`.
 
@@ -36,10 +37,10 @@ from .models import MODELS
 from .optim import OPTIMIZERS
 from .outer import OUTER_OPTIMIZERS, OuterOptimizer
 from .registry import ConfigError
-from .rng import declare, host_stream
+from .rng import declare, host_stream, row_normals, row_uniforms
 from .topology import TOPOLOGIES, Mixing, Topology, drop_slots
 
 __all__ = ["ALGORITHMS", "CODECS", "ConfigError", "Context", "DATASETS", "Dataset", "GossipOptions", "GraphOptions",
            "MODELS", "Mixing", "OPTIMIZERS", "OUTER_OPTIMIZERS", "OuterOptimizer", "REJOIN_MODES", "Schedule", "Step", "StepIO", "Stepped", "TOPOLOGIES",
-           "Topology", "build_graph", "declare", "drop_slots", "gossip_state", "host_stream", "shared_rows",
-           "synchronous_step"]
+           "Topology", "build_graph", "declare", "drop_slots", "gossip_state", "host_stream", "row_normals",
+           "row_uniforms", "shared_rows", "synchronous_step"]

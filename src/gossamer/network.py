@@ -46,7 +46,7 @@ backward FLOPs on its batch, counted by ``torch.utils.flop_counter``, over TFLOP
 **Per-worker clocks.** Worker i has its own clock T_i and computes c_i(t) = c·s_i·ε_i(t): s_i = X
 for the ⌈F·n⌉ workers that ``slow_workers: F@X`` draws once from the seed (else 1), or s_i the
 i-th of ``worker_speeds`` (one per worker), ε_i(t) a
-log-normal factor of mean 1, exp(σz − σ²/2) with z ~ N(0, 1) drawn from (seed, t, i), with
+log-normal factor of mean 1, exp(σz − σ²/2) with z ~ N(0, 1) worker i's row of row stream ``jitter`` (seed, t), with
 ``compute_jitter: lognormal:σ`` (else 1). The clock reads the step's ledger
 (:mod:`gossamer.engines.ledger`) in order: a computation costs c_i(t) on the workers that
 computed (a worker that sat the step out, or is gone, spends nothing); an operator waits only for
@@ -88,7 +88,7 @@ from .data.partition import steps_per_epoch
 from .engines.ledger import METRICS, Compute, Transfer
 from .groups import Groups
 from .registry import ConfigError, short
-from .rng import host_stream
+from .rng import host_stream, row_normals
 
 BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
 HORIZON_ROOM = 1e3  # a run's simulated time must stay finite with this much more communication per step
@@ -369,14 +369,19 @@ class Speeds:
 
     def factor(self, t: int, i: int) -> float:
         """s_i·ε_i(t) of worker i's step (or gradient) t."""
-        if self.sigma is None:
-            return float(self.slow[i])
-        z = host_stream("jitter", self.seed, t, i).standard_normal()
-        return float(self.slow[i] * math.exp(self.sigma * z - self.sigma**2 / 2))
+        return float(self.of_workers(t, [i])[0])
 
     def factors(self, t: int) -> np.ndarray:
         """[n] factors of step t."""
-        return self.slow if self.sigma is None else np.array([self.factor(t, i) for i in range(len(self.slow))])
+        return self.of_workers(t, range(len(self.slow)))
+
+    def of_workers(self, t: int, workers) -> np.ndarray:
+        """s_i·ε_i(t) of each of ``workers`` in step t, ε from row stream ``jitter`` (seed, t): one draw."""
+        slow = self.slow[np.asarray(workers, dtype=np.int64)]
+        if self.sigma is None:
+            return slow
+        z = row_normals("jitter", self.seed, t, rows=workers, width=1)[:, 0]
+        return slow * np.exp(self.sigma * z - self.sigma**2 / 2)
 
 
 def taking_part(transfer: Transfer) -> np.ndarray:
@@ -484,7 +489,7 @@ class Clock:
         worker faster than c cannot be made faster)."""
         if self.sleeps and len(workers):
             c = self.step_seconds if self.step_seconds is not None else self._measured / len(workers)
-            extra = max(self.speeds.factor(t, i) for i in workers) - 1
+            extra = self.speeds.of_workers(t, workers).max() - 1
             if extra > 0:
                 time.sleep(extra * c)
 
@@ -525,7 +530,9 @@ class Clock:
             return c * self.speeds.factors(entry.counts)
         counts = np.broadcast_to(entry.counts, entry.workers.shape)
         out = np.zeros(n)
-        out[entry.workers] = [c * self.speeds.factor(int(k), int(i)) for k, i in zip(counts, entry.workers)]
+        for k in np.unique(counts):  # one draw per step count
+            workers = entry.workers[counts == k]
+            out[workers] = c * self.speeds.of_workers(int(k), workers)
         return out
 
     def _operate(self, clocks: np.ndarray, priced: list, idle: np.ndarray | None, c: float) -> np.ndarray:

@@ -41,7 +41,7 @@ import torch
 
 from ..engines.ledger import row_bytes
 from ..registry import ConfigError
-from ..rng import host_stream
+from ..rng import row_uniforms
 from ..topology import Mixing, Topology
 from .gossip import GraphOptions, build_graph
 from .schedule import ALGORITHMS, Context, Schedule, StepIO, Stepped, begin_step
@@ -100,15 +100,15 @@ class ADPSGD(Schedule):
         self.count, self.ready, self.reads = [0] * n, [False] * n, [None] * n
 
     def neighbour(self, i: int, k: int) -> int | None:
-        """j drawn uniformly from i's neighbours in W_k (None: none in that round), from stream
-        ``ad-psgd-neighbour`` (seed, k, i)."""
+        """j drawn uniformly from i's m neighbours in W_k (None: none in that round): the ⌊m·u⌋-th,
+        u worker i's row of row stream ``ad-psgd-neighbour`` (seed, k); a bias below m·2⁻⁵³."""
         mixing = self.topology.mixing(k)
         peers = mixing.plan(("neighbours", i), lambda: sorted({int(j) for j, w in zip(mixing.index[:, i],
                                                                                      mixing.weight[:, i])
                                                                if w != 0 and j != i}))
         if not peers:
             return None
-        return peers[host_stream("ad-psgd-neighbour", self.seed, k, i).integers(len(peers))]
+        return peers[int(len(peers) * row_uniforms("ad-psgd-neighbour", self.seed, k, rows=[i], width=1)[0, 0])]
 
     def step(self, io: StepIO) -> Stepped:
         """The next n events, each a step of one worker (module docstring)."""
