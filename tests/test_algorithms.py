@@ -3,6 +3,7 @@
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -10,7 +11,7 @@ from conftest import small_config, train_final, train_rows
 from gossamer.algorithms import Step
 from gossamer.algorithms.gossip import gossip_state
 from gossamer.algorithms.local import ModelSync, switch_step
-from gossamer.codecs import SignCodec, pack_bits, unpack_bits
+from gossamer.codecs import SignCodec, pack_codes, unpack_codes
 from gossamer.data.partition import iid_epoch_indices
 from gossamer.engines.sim import SimEngine
 from gossamer.models import build_model
@@ -106,11 +107,17 @@ def test_sign_compression_message():
     assert codec.nbytes() == 1 + 2 * 4  # 5 bits in one byte, two float32 scales
 
 
-def test_bit_packing_round_trips():
-    bits = torch.rand(3, 1001) > 0.5
-    packed = pack_bits(bits)
-    assert packed.dtype == torch.uint8 and packed.shape == (3, 126)
-    assert torch.equal(unpack_bits(packed, 1001), bits)
+@pytest.mark.parametrize("bits", range(1, 10))
+def test_codes_pack_end_to_end_most_significant_bit_first_as_numpys_packbits(bits):
+    """pack_codes is numpy's packbits (big bit order) of the codes' bits written out, for codes that
+    tile a byte (shifted in) and codes that straddle bytes (through their bits); unpack inverts it."""
+    g = torch.Generator().manual_seed(bits)
+    codes = torch.randint(0, 2**bits, (3, 1001), generator=g)
+    expanded = (codes.numpy()[:, :, None] >> np.arange(bits - 1, -1, -1)) & 1
+    packed = pack_codes(codes if bits > 1 else codes == 1, bits)
+    assert packed.dtype == torch.uint8 and packed.shape == (3, -(-1001 * bits // 8))
+    assert np.array_equal(packed.numpy(), np.packbits(expanded.reshape(3, -1).astype(np.uint8), axis=1))
+    assert torch.equal(unpack_codes(packed, 1001, bits).to(torch.int64), codes)
 
 
 def test_build_run_refuses_an_option_set_through_the_python_api_that_the_config_refuses():

@@ -123,14 +123,14 @@ class SignCodec:
         scales = torch.stack([part.abs().mean(1) for part in delta.split(self.numels, dim=1)], dim=1)
         coins = worker_uniforms("sign", self.seed, round, rows, delta.shape[1], torch.float32, delta.device) < 0.5
         positive = (delta > 0) | ((delta == 0) & coins)
-        return torch.cat([pack_bits(positive), as_bytes(scales)], dim=1)
+        return torch.cat([pack_codes(positive, 1), as_bytes(scales)], dim=1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         """Messages uint8 [k, nbytes] → the dense rows [k, d] they stand for: ±scale of each tensor."""
         d, T = sum(self.numels), len(self.numels)
         scales = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype)
         magnitude = _per_coordinate(scales, self.numels)
-        return torch.where(unpack_bits(messages[:, : -BYTES_PER_VALUE * T], d), magnitude, -magnitude)
+        return torch.where(unpack_codes(messages[:, : -BYTES_PER_VALUE * T], d, 1) == 1, magnitude, -magnitude)
 
 
 @dataclass
@@ -247,24 +247,24 @@ class QSGD:
         return -(-sum(self.numels) * self.bits // 8) + BYTES_PER_VALUE * len(self.numels)
 
     def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
-        m, d = delta.shape
+        d = delta.shape[1]
         norms = torch.stack([part.norm(dim=1) for part in delta.split(self.numels, dim=1)], dim=1)
         scaled = delta.abs() * self.levels / _per_coordinate(norms, self.numels).clamp_min(torch.finfo(delta.dtype).tiny)
         uniform = worker_uniforms("qsgd", self.seed, round, rows, d, delta.dtype, delta.device)
-        level = (scaled.floor() + (uniform < scaled - scaled.floor())).clamp_(max=self.levels).to(torch.int64)
-        shifts = torch.arange(self.level_bits - 1, -1, -1, device=delta.device)
-        bits = torch.cat([(delta < 0).unsqueeze(2), (level.unsqueeze(2) >> shifts) & 1 == 1], dim=2)
-        return torch.cat([pack_bits(bits.view(m, d * self.bits)), as_bytes(norms)], dim=1)
+        kind = _code_kind(self.bits)
+        floor = scaled.floor()
+        level = (floor + (uniform < scaled - floor)).clamp_(max=self.levels).to(kind)
+        code = ((delta < 0).to(kind) << self.level_bits) | level  # the sign bit, then the level's
+        return torch.cat([pack_codes(code, self.bits), as_bytes(norms)], dim=1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         d, T = sum(self.numels), len(self.numels)
-        bits = unpack_bits(messages[:, : -BYTES_PER_VALUE * T], d * self.bits).view(-1, d, self.bits)
-        weights = 2 ** torch.arange(self.level_bits - 1, -1, -1, device=messages.device)
-        level = (bits[:, :, 1:].to(torch.int64) * weights).sum(2).to(self.dtype)
+        code = unpack_codes(messages[:, : -BYTES_PER_VALUE * T], d, self.bits)
+        level = (code & (2**self.level_bits - 1)).to(self.dtype)
         norms = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype)
         norms = norms * torch.tensor(self.scale, dtype=self.dtype, device=messages.device) / self.levels
         value = _per_coordinate(norms, self.numels) * level
-        return torch.where(bits[:, :, 0], -value, value)
+        return torch.where(code >> self.level_bits == 1, -value, value)
 
 
 @dataclass
@@ -286,7 +286,7 @@ class Quant:
         return -(-sum(self.numels) * self.bits // 8) + BYTES_PER_VALUE * len(self.numels)
 
     def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
-        m, d = delta.shape
+        d = delta.shape[1]
         exact = torch.stack([part.abs().amax(1) for part in delta.split(self.numels, dim=1)], dim=1)
         scales = exact.to(torch.float32)  # the scale sent; rounded up, so that |u| ≤ L
         scales = torch.where(scales.to(exact.dtype) < exact, torch.nextafter(scales, torch.full_like(scales, math.inf)),
@@ -297,17 +297,15 @@ class Quant:
             level = u.round()
         else:
             uniform = worker_uniforms("quant", self.seed, round, rows, d, delta.dtype, delta.device)
-            level = u.floor() + (uniform < u - u.floor())
-        code = level.clamp_(-self.levels, self.levels).to(torch.int64) + self.levels
-        shifts = torch.arange(self.bits - 1, -1, -1, device=delta.device)
-        bits = (code.unsqueeze(2) >> shifts) & 1 == 1
-        return torch.cat([pack_bits(bits.view(m, d * self.bits)), as_bytes(scales)], dim=1)
+            floor = u.floor()
+            level = floor + (uniform < u - floor)
+        code = (level.clamp_(-self.levels, self.levels) + self.levels).to(_code_kind(self.bits))  # ℓ + L
+        return torch.cat([pack_codes(code, self.bits), as_bytes(scales)], dim=1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         d, T = sum(self.numels), len(self.numels)
-        bits = unpack_bits(messages[:, : -BYTES_PER_VALUE * T], d * self.bits).view(-1, d, self.bits)
-        weights = 2 ** torch.arange(self.bits - 1, -1, -1, device=messages.device)
-        level = ((bits.to(torch.int64) * weights).sum(2) - self.levels).to(self.dtype)
+        code = unpack_codes(messages[:, : -BYTES_PER_VALUE * T], d, self.bits)
+        level = (code.to(torch.int32) - self.levels).to(self.dtype)
         scales = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype) / self.levels
         return _per_coordinate(scales, self.numels) * level
 
@@ -459,21 +457,36 @@ def check_spec(spec: str) -> None:
     build_codec(spec.removeprefix(ERROR_FEEDBACK), [1], torch.float32)
 
 
-_BIT_WEIGHTS = 2 ** torch.arange(7, -1, -1, dtype=torch.uint8)
+def _code_kind(bits: int) -> torch.dtype:
+    return torch.uint8 if bits <= 8 else torch.int32
 
 
-def pack_bits(positive: torch.Tensor) -> torch.Tensor:
-    """bool [m, d] → uint8 [m, ⌈d/8⌉], most significant bit first."""
-    m, d = positive.shape
-    padded = torch.zeros(m, -(-d // 8) * 8, dtype=torch.uint8, device=positive.device)
-    padded[:, :d] = positive
-    return (padded.view(m, -1, 8) * _BIT_WEIGHTS.to(positive.device)).sum(2, dtype=torch.uint8)
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Integer (or bool) codes [m, d] of ``bits`` bits each → uint8 [m, ⌈d·bits/8⌉]: the codes end
+    to end, most significant bit first, zeros after the last. Codes that tile a byte (1, 2, 4 or 8
+    bits) are shifted into it; others go through their bits."""
+    m, d = codes.shape
+    if 8 % bits:  # a code straddles bytes: its bits, one code of 1 bit each
+        shifts = torch.arange(bits - 1, -1, -1, device=codes.device).to(_code_kind(bits))
+        codes, bits, d = ((codes.to(_code_kind(bits)).unsqueeze(2) >> shifts) & 1).view(m, d * bits), 1, d * bits
+    per = 8 // bits
+    padded = torch.zeros(m, -(-d // per) * per, dtype=torch.uint8, device=codes.device)
+    padded[:, :d] = codes
+    shifts = (torch.arange(per - 1, -1, -1, device=codes.device) * bits).to(torch.uint8)
+    return (padded.view(m, -1, per) << shifts).sum(2, dtype=torch.uint8)
 
 
-def unpack_bits(packed: torch.Tensor, d: int) -> torch.Tensor:
-    """uint8 [m, ⌈d/8⌉] → bool [m, d] (inverse of :func:`pack_bits`)."""
-    bits = packed.unsqueeze(2).bitwise_and(_BIT_WEIGHTS.to(packed.device)).ne(0)
-    return bits.view(packed.shape[0], -1)[:, :d]
+def unpack_codes(packed: torch.Tensor, d: int, bits: int) -> torch.Tensor:
+    """uint8 [m, ⌈d·bits/8⌉] → the d codes [m, d] of ``bits`` bits (uint8; int32 above 8 bits):
+    the inverse of :func:`pack_codes`."""
+    m = packed.shape[0]
+    if 8 % bits:
+        kind = _code_kind(bits)
+        weights = (2 ** torch.arange(bits - 1, -1, -1, device=packed.device)).to(kind)
+        return (unpack_codes(packed, d * bits, 1).view(m, d, bits).to(kind) * weights).sum(2, dtype=kind)
+    per = 8 // bits
+    shifts = (torch.arange(per - 1, -1, -1, device=packed.device) * bits).to(torch.uint8)
+    return ((packed.unsqueeze(2) >> shifts) & (2**bits - 1)).view(m, -1)[:, :d]
 
 
 from . import sparseloco  # noqa: E402,F401  (registers SparseLoCo's codec, which builds on this module)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .blocks import Blocks
-from .codecs import BYTES_PER_VALUE, CODECS, _offsets, as_bytes, from_bytes, pack_bits, unpack_bits
+from .codecs import BYTES_PER_VALUE, CODECS, _offsets, as_bytes, from_bytes, pack_codes, unpack_codes
 from .registry import ConfigError, short
 
 BINS = 4  # 2-bit codes (Templar's quantization_bins)
@@ -113,17 +113,15 @@ class SparseLoCoCodec:
             header.append(torch.cat([mu.unsqueeze(1), lookup], 1))
             codes.append(q)
             index.append(top.flatten(1))
-        codes = torch.cat(codes, 1)
-        bits = torch.stack([codes >> 1, codes & 1], 2).flatten(1) == 1
-        return torch.cat([as_bytes(torch.cat(header, 1)), pack_bits(bits), pack_indices(torch.cat(index, 1))], 1)
+        return torch.cat([as_bytes(torch.cat(header, 1)), pack_codes(torch.cat(codes, 1), 2),
+                          pack_indices(torch.cat(index, 1))], 1)
 
     def _read(self, messages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Messages [m, nbytes] → (the dequantised values [m, K], their columns in a row [m, K])."""
         T, m = len(self.blocks), messages.shape[0]
         head = from_bytes(messages[:, : HEADER * T], self.dtype).view(m, T, 1 + BINS)
         code_bytes = -(-2 * self.K // 8)
-        bits = unpack_bits(messages[:, HEADER * T : HEADER * T + code_bytes], 2 * self.K).view(m, self.K, 2)
-        codes = 2 * bits[:, :, 0].to(torch.int64) + bits[:, :, 1]
+        codes = unpack_codes(messages[:, HEADER * T : HEADER * T + code_bytes], self.K, 2).to(torch.int64)
         index = unpack_indices(messages[:, HEADER * T + code_bytes :], self.K)
         values = torch.cat([head[:, t, 1:].gather(1, q) + head[:, t, :1]
                             for t, q in enumerate(codes.split(self.kept, 1))], 1)

@@ -123,14 +123,25 @@ class WorkerMatrix:
         self.X = x0.to(device).repeat(m, 1)
         self.G = torch.zeros_like(self.X)
         self.B = b0.to(device).repeat(m, 1)
-        self.replicas = [self._bind(copy.deepcopy(self.template), i).train() for i in range(m)]
         self.backend = choose_backend(self.template, m, backend, torch.device(device))
+        self._replicas: list[nn.Module] | None = None
         if self.backend == "vmap":
             self._vmap_init()
+        if self.backend == "loop" or any(not b.is_floating_point() for b in template.buffers()):
+            self.replicas  # noqa: B018  (built now: their integer buffers start as the template's do now)
 
     @property
     def m(self) -> int:
         return self.X.shape[0]
+
+    @property
+    def replicas(self) -> list[nn.Module]:
+        """m copies of the template bound to the rows of X, G and B (the loop backend's models).
+        The vmap backend needs them only for integer buffers: without any, they are built when
+        first asked for (m deep copies: minutes at tens of thousands of workers)."""
+        if self._replicas is None:
+            self._replicas = [self._bind(copy.deepcopy(self.template), i).train() for i in range(self.m)]
+        return self._replicas
 
     def _bind(self, model: nn.Module, i: int) -> nn.Module:
         bind_row(model, self.param_slots, self.X[i], grads=self.G[i])
@@ -193,11 +204,15 @@ class WorkerMatrix:
 
     def integer_buffers(self) -> torch.Tensor:
         """Every worker's integer buffers (e.g. BatchNorm's num_batches_tracked) as rows [m, k]."""
+        if self._replicas is None:  # none (else the replicas were built with the matrix)
+            return torch.zeros(self.m, 0, dtype=torch.long, device=self.X.device)
         rows = [[b.reshape(-1) for n, b in model.named_buffers() if not b.is_floating_point()]
                 for model in self.replicas]
         return torch.stack([torch.cat(r) if r else torch.zeros(0, dtype=torch.long) for r in rows]).to(self.X.device)
 
     def load_integer_buffers(self, rows: torch.Tensor) -> None:
+        if self._replicas is None:
+            return
         for model, row in zip(self.replicas, rows):
             offset = 0
             for _, b in ((n, b) for n, b in model.named_buffers() if not b.is_floating_point()):
