@@ -12,6 +12,10 @@
 4. the ceiling of batched runs (benchmarks/simulator.py's benchmark 9): one step of K·n rows
    against K steps of n rows — what decides whether issue 31's batched simulator is worth building
    on a GPU (on the CPU it is 1.0–1.5×).
+5. the floor (benchmarks/simulator.py's benchmark 10, issue 46): gossamer's step of n workers
+   (the 1-D CNN at n = 8 to 64, the character Transformer at n = 8; gossip on a ring, b = 16)
+   against one model's step on the union batch, the step's split, and the hand-written batched
+   CNN forms.
 
     python benchmarks/gpu_check.py --out gpu-check                    # on a GPU
     python benchmarks/gpu_check.py --out /tmp/check --device cpu --smoke  # rehearsal, a minute on CPU
@@ -120,7 +124,8 @@ def report(res: dict) -> str:
             f"{k['config']}: b = {k['batch']}, {k['steps_per_epoch']} steps an epoch; median of {k['timed_steps']} "
             f"steps: {k['step_seconds'] * 1e3:.1f} ms a step (metrics every step, as the config asks) → "
             f"**{k['projected_hours']:.2f} h for its {k['epochs']} epochs** (evaluations not included).", "",
-            simulator.report({"batching": res["batching"]}).replace("## 9.", "## 4.")]
+            simulator.report({"batching": res["batching"]}).replace("## 9.", "## 4."),
+            simulator.report({"floor": res["floor"]}).replace("## 10.", "## 5.")]
     return "\n".join(out)
 
 
@@ -140,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     res = {"command": "python benchmarks/gpu_check.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": f"{gpu}, torch {torch.__version__}", "cuda_tests": cuda_tests(a.device),
            "throughput": simulator_throughput(a.smoke), "kong": kong_slice(a.smoke),
-           "batching": simulator.bench_batching(a.smoke)}
+           "batching": simulator.bench_batching(a.smoke), "floor": simulator.bench_floor(a.smoke, smoke=a.smoke)}
     res["seconds"] = time.perf_counter() - start
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "gpu-check.json").write_text(json.dumps(res, indent=1))

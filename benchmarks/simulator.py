@@ -1,6 +1,6 @@
 """Simulator benchmarks (docs/benchmarks.md): ratios measured side by side in one process.
 
-    python benchmarks/simulator.py [--quick] [--only 1,...,9] [--json FILE] [--threads T] [--device D]
+    python benchmarks/simulator.py [--quick] [--only 1,...,10] [--json FILE] [--threads T] [--device D]
 
 1. the simulator vs one process per worker (``gossamer train`` vs torchrun + ``engine=dist``),
    whole-process wall time including start-up (CPU processes, whatever ``--device``);
@@ -23,8 +23,15 @@
    against K steps of n workers (the demo's 1-D CNN at n = 32, the character Transformer at n = 8;
    gossip on a ring and local steps, K = 5 and 20). Batching saves at most the difference: a
    ratio near 1 means a step's cost is proportional to its rows and stacking runs gains nothing.
+10. the floor (issue 46): gossamer's step (gossip on a ring, ``grad_backend: auto``; metrics not due,
+   and due) against one ``nn.Module`` step on the union batch (n·b samples, Nesterov SGD) — the
+   1-D CNN at n = 8, 16, 32, 64 and the character Transformer at n = 8, b = 16, at 1 and 2 intra-op
+   threads (set here, whatever ``--threads``); the step's split (forward, backward, the gossip
+   round, Ξ², the metric scalars, the optimizer, the ledger, Python); and, as experiments that
+   change float32 numbers, the CNN's vmapped loss written out with grouped convolutions or
+   unfold + batched matmuls.
 
-``--device cuda`` runs benchmarks 2-5 and 9 on the GPU (timings synchronise the device; memory is
+``--device cuda`` runs benchmarks 2-5, 9 and 10 on the GPU (timings synchronise the device; memory is
 ``torch.cuda.max_memory_allocated``) and checks that a step whose metrics are not due makes no
 host synchronisation (``torch.cuda.set_sync_debug_mode("error")``).
 
@@ -129,15 +136,20 @@ def sim_step(run: Run, measure: bool = False):
     return step
 
 
-def one_model_step(name: str, n: int, b: int):
-    """One training step of one model with batch n·b (torch.optim.SGD, Nesterov momentum)."""
+def _one_model(name: str, n: int, b: int):
+    """One model of ``name``, its torch.optim.SGD (Nesterov momentum), its loss and the union batch."""
     x, y = _batch(name, n, b)
     x, y = x.flatten(0, 1), y.flatten(0, 1)
     data = _data(name, x, y)
     torch.manual_seed(0)
     model = build_model(load_config(None, [f"model={name}"]), data).to(DEVICE).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-    loss = TASKS[data.task].loss
+    return model, opt, TASKS[data.task].loss, x, y
+
+
+def one_model_step(name: str, n: int, b: int):
+    """One training step of one model with batch n·b (torch.optim.SGD, Nesterov momentum)."""
+    model, opt, loss, x, y = _one_model(name, n, b)
 
     def step():
         opt.zero_grad(set_to_none=False)
@@ -310,6 +322,210 @@ def bench_batching(quick: bool) -> list[dict]:
                              "ceiling": K * seconds["one"] / seconds["stacked"]})
                 _log(rows[-1])
     return rows
+
+
+# -- 10. the floor: n workers against one model on the union batch ----------------------------------
+
+FLOOR_CASES = [("cnn1d", 8), ("cnn1d", 16), ("cnn1d", 32), ("cnn1d", 64), ("transformer", 8)]
+GOSSIP_RING = ("algorithm=gossip", "topology=ring")
+
+
+class Split:
+    """Exclusive wall time by piece: a piece's time less that of the pieces called inside it."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+        self._open: list[list] = []  # [start, seconds of the pieces inside]
+
+    def enter(self) -> None:
+        self._open.append([time.perf_counter(), 0.0])
+
+    def leave(self, label: str) -> None:
+        _sync()
+        start, inner = self._open.pop()
+        elapsed = time.perf_counter() - start
+        self.seconds[label] = self.seconds.get(label, 0.0) + elapsed - inner
+        if self._open:
+            self._open[-1][1] += elapsed
+
+    def wrap(self, owner, attr: str, label: str) -> None:
+        """Time ``owner.attr`` (an instance attribute shadows the method) as ``label``."""
+        fn = getattr(owner, attr)
+
+        def timed(*args, **kwargs):
+            self.enter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.leave(label)
+        setattr(owner, attr, timed)
+
+
+SPLIT = ("forward", "backward", "mixing", "Ξ²", "scalars", "optimizer", "ledger", "other")
+
+
+def step_split(run: Run, measure: bool, reps: int) -> dict[str, float]:
+    """Milliseconds a step of ``run`` spends in each piece of :data:`SPLIT` (means over ``reps``
+    steps after two): forward (the vmapped forward with the loss, or each replica's forward),
+    backward (the rest of the gradient call: zeroing G, the loop's losses, autograd), the gossip
+    round, Ξ² and the metric scalars (loss, φ², Θ²: steps whose metrics are due), the local
+    optimizer, the ledger's records (no clock without a network section) and the rest (Python:
+    the schedule, the step's bookkeeping)."""
+    w, e, split = run.workers, run.engine, Split()
+    if w.backend == "vmap":
+        split.wrap(w, "_vmapped_loss", "forward")
+    else:
+        for replica in w.replicas:
+            replica.register_forward_pre_hook(lambda *_: split.enter())
+            replica.register_forward_hook(lambda *_: split.leave("forward"))
+    split.wrap(w, "loss_and_grad", "backward")
+    split.wrap(e, "gossip_", "mixing")
+    split.wrap(e, "consensus_distance_sq", "Ξ²")
+    split.wrap(e, "mean_scalar", "scalars")
+    split.wrap(run.optimizer, "step", "optimizer")
+    split.wrap(e.comm, "record", "ledger")
+    split.wrap(e.comm, "compute", "ledger")
+    step = sim_step(run, measure=measure)
+    for _ in range(2):
+        step()
+    split.seconds.clear()
+    _sync()
+    t = time.perf_counter()
+    for _ in range(reps):
+        step()
+    _sync()
+    total = time.perf_counter() - t
+    out = {k: 1e3 * split.seconds.get(k, 0.0) / reps for k in SPLIT[:-1]}
+    out["other"] = 1e3 * total / reps - sum(out.values())
+    out["step"] = 1e3 * total / reps
+    return out
+
+
+def one_model_split(name: str, n: int, b: int, reps: int) -> dict[str, float]:
+    """Milliseconds of :func:`one_model_step`'s pieces: forward (with the loss, after zero_grad),
+    backward, optimizer."""
+    model, opt, loss_fn, x, y = _one_model(name, n, b)
+    seconds = [0.0, 0.0, 0.0]
+    for k in range(2 + reps):
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=False)
+        loss = loss_fn(model(x), y)
+        _sync()
+        t1 = time.perf_counter()
+        loss.backward()
+        _sync()
+        t2 = time.perf_counter()
+        opt.step()
+        _sync()
+        t3 = time.perf_counter()
+        if k >= 2:
+            for i, dt in enumerate((t1 - t0, t2 - t1, t3 - t2)):
+                seconds[i] += dt
+    out = dict(zip(("forward", "backward", "optimizer"), (1e3 * s / reps for s in seconds)))
+    out["step"] = sum(out.values())
+    return out
+
+
+def batched_cnn_loss(template: torch.nn.Module, convs: str):
+    """An experiment, not gossamer's path: the vmapped loss of a Sequential of Conv1d, ReLU,
+    Flatten and Linear written out by hand, each worker's convolution as ``convs``: ``bmm`` (the
+    input unfolded into [m, b·L_out, C_in·k], one batched matmul with the m weights, channels
+    last) or ``grouped`` (one convolution with groups = m on [b, m·C_in, L], as vmap's batching
+    rule runs it, without vmap). Same function, other kernels: float32 gradients differ in the
+    last bits from vmap's (see :func:`bench_floor`)."""
+    layers = list(template.named_children())
+    for _, module in layers:
+        if not isinstance(module, (torch.nn.Conv1d, torch.nn.ReLU, torch.nn.Flatten, torch.nn.Linear)):
+            raise TypeError(f"batched_cnn_loss: no batched form of {type(module).__name__}")
+
+    def loss(params, buffers, x, y):
+        m, b = x.shape[:2]
+        h = x.transpose(2, 3)  # [m, b, L, C]
+        for name, module in layers:
+            if isinstance(module, torch.nn.Conv1d):
+                weight, bias = params[f"{name}.weight"], params[f"{name}.bias"]
+                c_out, c_in, k = weight.shape[1:]
+                (pad,), (stride,) = module.padding, module.stride
+                if convs == "bmm":
+                    u = F.pad(h, (0, 0, pad, pad)).unfold(2, k, stride)  # [m, b, L_out, C_in, k]
+                    length = u.shape[2]
+                    h = torch.baddbmm(bias.unsqueeze(1), u.reshape(m, b * length, c_in * k),
+                                      weight.reshape(m, c_out, c_in * k).transpose(1, 2)).view(m, b, length, c_out)
+                else:
+                    grouped = F.conv1d(h.permute(1, 0, 3, 2).reshape(b, m * c_in, -1),
+                                       weight.reshape(m * c_out, c_in, k), bias.reshape(-1), stride=stride,
+                                       padding=pad, groups=m)
+                    h = grouped.view(b, m, c_out, -1).permute(1, 0, 3, 2)
+            elif isinstance(module, torch.nn.ReLU):
+                h = h.relu()
+            elif isinstance(module, torch.nn.Flatten):
+                h = h.transpose(2, 3).reshape(m, b, -1)  # channel-major, as nn.Flatten
+            else:
+                h = torch.baddbmm(params[f"{name}.bias"].unsqueeze(1), h, params[f"{name}.weight"].transpose(1, 2))
+        return F.cross_entropy(h.flatten(0, 1), y.flatten(), reduction="none").view(m, b).mean(1)
+    return loss
+
+
+def _experiment_step(n: int, b: int, convs: str):
+    run = build("cnn1d", n, b, backend="vmap", algorithm=GOSSIP_RING)
+    run.workers._vmapped_loss = batched_cnn_loss(run.workers.template, convs)
+    return sim_step(run)
+
+
+def _gradient_change(n: int, b: int, convs: str) -> float:
+    """max |G_experiment − G_vmap| on one batch (0.0: bit-identical)."""
+    x, y = _batch("cnn1d", n, b)
+    ref, alt = build("cnn1d", n, b, backend="vmap"), build("cnn1d", n, b, backend="vmap")
+    alt.workers._vmapped_loss = batched_cnn_loss(alt.workers.template, convs)
+    ref.workers.loss_and_grad(x, y)
+    alt.workers.loss_and_grad(x, y)
+    return (ref.workers.G - alt.workers.G).abs().max().item()
+
+
+EXPERIMENTS = ("grouped", "bmm")
+
+
+def bench_floor(quick: bool, smoke: bool = False) -> dict:
+    """Benchmark 10: gossamer's step (gossip on a ring, grad_backend auto; metrics not due, and
+    due) against one model's step on the union batch, interleaved, at 1 and 2 intra-op threads
+    (CPU; once on CUDA); the step's split; the hand-written batched CNN forms (experiments).
+    ``smoke`` (benchmarks/gpu_check.py's rehearsal): n = 2 and 4, b = 4, one thread count."""
+    cases = [("cnn1d", 8), ("cnn1d", 16), ("transformer", 8)] if quick else FLOOR_CASES
+    b, before, rows, splits, experiments = 16, torch.get_num_threads(), [], [], []
+    if smoke:
+        cases, b, quick = [("cnn1d", 2), ("cnn1d", 4), ("transformer", 2)], 4, True
+    for threads in (1, 2) if DEVICE.type == "cpu" and not smoke else (1,) if DEVICE.type == "cpu" else (before,):
+        torch.set_num_threads(threads)
+        for name, n in cases:
+            heavy = name == "transformer" and DEVICE.type == "cpu"
+            run = build(name, n, b, algorithm=GOSSIP_RING)
+            steps = {"sim": sim_step(run),
+                     "sim_metrics": sim_step(build(name, n, b, algorithm=GOSSIP_RING), measure=True),
+                     "one": one_model_step(name, n, b)}
+            if name == "cnn1d":
+                steps.update({k: _experiment_step(n, b, k) for k in EXPERIMENTS})
+            reps = (2 if quick else 7 if threads == 1 else 3) if heavy else (5 if quick else 25 if threads == 1 else 9)
+            t = _median_interleaved(steps, reps=reps, warmup=2)
+            rows.append({"model": name, "workers": n, "batch": b, "threads": threads, "backend": run.workers.backend,
+                         **{f"{k}_ms": 1e3 * v for k, v in t.items()}, "ratio": t["sim"] / t["one"],
+                         "ratio_metrics": t["sim_metrics"] / t["one"],
+                         **{f"{k}_ratio": t[k] / t["one"] for k in EXPERIMENTS if k in t}})
+            _log(rows[-1])
+            if threads == 1 or DEVICE.type != "cpu":
+                split_reps = (2 if quick else 5) if heavy else (10 if quick else 30)
+                for measure in (False, True):
+                    splits.append({"model": name, "workers": n, "threads": threads, "metrics": measure,
+                                   **step_split(build(name, n, b, algorithm=GOSSIP_RING), measure, split_reps)})
+                    _log(splits[-1])
+                splits.append({"model": name, "workers": n, "threads": threads, "one": True,
+                               **one_model_split(name, n, b, split_reps)})
+                _log(splits[-1])
+                if name == "cnn1d":
+                    experiments.append({"workers": n, **{f"{k}_max_grad_change": _gradient_change(n, b, k)
+                                                         for k in EXPERIMENTS}})
+                    _log(experiments[-1])
+    torch.set_num_threads(before)
+    return {"rows": rows, "splits": splits, "experiments": experiments}
 
 
 def bench_scale(quick: bool) -> list[dict]:
@@ -524,6 +740,8 @@ def report(res: dict) -> str:
                       ["model", "n", "algorithm", "K", "one run's step", "K·n rows' step", "K × one / stacked"],
                       [[r["model"], r["workers"], r["algorithm"], r["runs"], f"{r['one_ms']:.1f} ms",
                         f"{r['stacked_ms']:.1f} ms", f"{r['ceiling']:.2f}×"] for r in res["batching"]])
+    if "floor" in res:
+        out += _floor_report(res["floor"])
     if "async" in res:
         out += _table("6. AD-PSGD's events against synchronous D-SGD",
                       "The 1-D CNN, b = 16, a ring; a step is n gradient evaluations in both. Target: AD-PSGD ≥ 0.5× "
@@ -535,14 +753,46 @@ def report(res: dict) -> str:
     return "\n".join(out)
 
 
+def _floor_report(f: dict) -> list[str]:
+    ms = (lambda v: f"{v:.2f}" if v < 10 else f"{v:.1f}")
+    out = _table("10. The floor: one step of n workers against one model on the union batch",
+                 "b = 16 a worker; gossamer's step: gossip on a ring, `grad_backend: auto`, metrics not due "
+                 "(and due: Ξ², loss, φ² and Θ² measured, as `metrics_every: 1` does every step); one model: one "
+                 "`nn.Module` of the same model on the n·b samples, Nesterov SGD. Interleaved medians. Target: "
+                 "gossamer / one ≤ 1.25. The last two columns are experiments (float32 numbers change in the last "
+                 "bits): the CNN's loss written out by hand with each worker's convolution as one grouped "
+                 "convolution without vmap, or as unfold + one batched matmul.",
+                 ["model", "n", "threads", "backend", "gossamer", "metrics due", "one model", "gossamer / one",
+                  "metrics due / one", "grouped, no vmap / one", "unfold + bmm / one"],
+                 [[r["model"], r["workers"], r["threads"], r["backend"], f"{ms(r['sim_ms'])} ms",
+                   f"{ms(r['sim_metrics_ms'])} ms", f"{ms(r['one_ms'])} ms", f"**{r['ratio']:.2f}**",
+                   f"{r['ratio_metrics']:.2f}", *(f"{r[k + '_ratio']:.2f}" if k + "_ratio" in r else "—"
+                                                  for k in EXPERIMENTS)] for r in f["rows"]])
+    out += _table("10. The step's split",
+                  "Milliseconds a step (means; each piece timed exclusive of the pieces inside it). forward: the "
+                  "vmapped forward with the loss (vmap) or the replicas' forwards (loop); backward: the rest of "
+                  "the gradient call; other: Python (the schedule, train_step's bookkeeping) and, with metrics "
+                  "due, the ‖g_i‖² of φ².",
+                  ["model", "n", "threads", "step", "total", *SPLIT],
+                  [[s["model"], s["workers"], s["threads"],
+                    "one model" if s.get("one") else ("metrics due" if s["metrics"] else "metrics not due"),
+                    *(f"{s[k]:.2f}" if k in s else "—" for k in ("step", *SPLIT))] for s in f["splits"]])
+    if f["experiments"]:
+        out += _table("10. The experiments' gradients", "max |G − G_vmap| on one batch (float32).",
+                      ["n", *(f"{k}: max change" for k in EXPERIMENTS)],
+                      [[e["workers"], *(f"{e[k + '_max_grad_change']:.1e}" for k in EXPERIMENTS)]
+                       for e in f["experiments"]])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python benchmarks/simulator.py", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller cases, fewer repetitions (~2 min)")
-    ap.add_argument("--only", default="1,2,3,4,5,6,7,8,9", help="comma-separated benchmark numbers")
+    ap.add_argument("--only", default="1,2,3,4,5,6,7,8,9,10", help="comma-separated benchmark numbers")
     ap.add_argument("--json", type=Path, help="also save the raw figures here")
     ap.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice). On a machine "
                     "whose cores other processes also use, 1 avoids OpenMP threads waiting on descheduled peers")
-    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where benchmarks 2-5 and 9 run")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where benchmarks 2-5, 9 and 10 run")
     ap.add_argument("--memory-probe", nargs=2, type=int, metavar=("N", "B"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     global DEVICE
@@ -575,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
         res["byzantine"] = bench_byzantine(a.quick)
     if 9 in only:
         res["batching"] = bench_batching(a.quick)
+    if 10 in only:
+        res["floor"] = bench_floor(a.quick)
     if 5 in only and _can_probe_memory():
         res["memory"] = bench_memory(a.quick)
     elif 5 in only:

@@ -34,3 +34,32 @@ def test_augmented_images_and_tokens_read_nothing_back(tmp_path):
         host_steps(build_run(cfg), steps=2)
     with pytest.raises(AssertionError, match="host synchronisation in the hot path: Tensor.item"), no_host_reads():
         torch.ones(1).item()  # the guard is on
+
+
+def test_a_step_does_no_work_proportional_to_the_data_set(monkeypatch):
+    """Issue 46: a step's data work is its n·b samples whatever the training set's size N; the O(N)
+    permutation of an epoch is drawn once an epoch (counted, not timed), so a larger data set
+    does not slow the step."""
+    import gossamer.train as train_module
+    from gossamer.data import Dataset
+
+    n, b, epochs = 2, 4, 3
+    draws, gathered = [], []
+    drawn = train_module.epoch_indices
+    monkeypatch.setattr(train_module, "epoch_indices", lambda run, e: draws.append(e) or drawn(run, e))
+    for N in (64, 640):
+        draws.clear()
+        gathered.clear()
+        g = torch.Generator().manual_seed(0)
+        data = Dataset(torch.randn(N, 1, 40, generator=g), torch.randint(0, 10, (N,), generator=g),
+                       torch.randn(8, 1, 40, generator=g), torch.randint(0, 10, (8,), generator=g), 10)
+        cfg = load_config(None, [f"workers={n}", f"batch_size={b}", "model=mlp", "algorithm=gossip", f"epochs={epochs}",
+                                 "eval_local=none"])
+        run = build_run(cfg, data=data)
+        batch = type(run.data).train_batch
+        monkeypatch.setattr(type(run.data), "train_batch",
+                            lambda self, idx, rows, rng: gathered.append(idx.numel()) or batch(self, idx, rows, rng))
+        train_module.train(cfg, run)
+        monkeypatch.setattr(type(run.data), "train_batch", batch)
+        assert draws == list(range(epochs))  # one permutation an epoch, not one a step
+        assert gathered == [n * b] * (epochs * run.steps_per_epoch)  # each step gathers its n·b samples only
