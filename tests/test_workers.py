@@ -166,3 +166,19 @@ def test_vmap_updates_batchnorm_statistics_as_n_separate_modules(model, dtype):
     # the loop's replicas are ordinary BatchNorm modules whose buffers are views of B
     bn = next(mod for mod in loop.replicas[1].modules() if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm))
     assert bn.running_mean.untyped_storage().data_ptr() == loop.B.untyped_storage().data_ptr()
+
+
+def test_the_vmap_backend_copies_the_model_per_worker_only_where_integer_buffers_need_it(monkeypatch):
+    """The loop backend's m module copies (m deep copies: minutes at tens of thousands of workers)
+    are built by the vmap backend only for a model with integer buffers (BatchNorm's count), and for
+    a plain model only when asked for."""
+    copies = []
+    real = copy.deepcopy
+    monkeypatch.setattr(copy, "deepcopy", lambda obj, *a: (isinstance(obj, CNN1D) and copies.append(1)) or real(obj, *a))
+    plain = WorkerMatrix(CNN1D(), 6, backend="vmap")
+    assert copies == [] and plain.integer_buffers().shape == (6, 0)
+    assert len(plain.replicas) == 6 and len(copies) == 6  # built when first asked for
+    copies.clear()
+    WorkerMatrix(CNN1D(norm=True), 6, backend="vmap")
+    WorkerMatrix(CNN1D(), 6, backend="loop")
+    assert len(copies) == 12
