@@ -249,12 +249,15 @@ class QSGD:
     def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
         d = delta.shape[1]
         norms = torch.stack([part.norm(dim=1) for part in delta.split(self.numels, dim=1)], dim=1)
-        scaled = delta.abs() * self.levels / _per_coordinate(norms, self.numels).clamp_min(torch.finfo(delta.dtype).tiny)
+        scaled = _by_tensor_(delta.abs().mul_(self.levels), norms.clamp_min(torch.finfo(delta.dtype).tiny),
+                             self.numels, torch.Tensor.div_)  # S|Δ_j| / ‖Δ‖
         uniform = worker_uniforms("qsgd", self.seed, round, rows, d, delta.dtype, delta.device)
         kind = _code_kind(self.bits)
         floor = scaled.floor()
-        level = (floor + (uniform < scaled - floor)).clamp_(max=self.levels).to(kind)
-        code = ((delta < 0).to(kind) << self.level_bits) | level  # the sign bit, then the level's
+        level = floor.add_(uniform < scaled.sub_(floor)).clamp_(max=self.levels).to(kind)  # ⌊s⌋ + [U < s − ⌊s⌋]
+        code = (delta < 0).to(kind)
+        code <<= self.level_bits
+        code |= level  # the sign bit, then the level's
         return torch.cat([pack_codes(code, self.bits), as_bytes(norms)], dim=1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
@@ -263,7 +266,7 @@ class QSGD:
         level = (code & (2**self.level_bits - 1)).to(self.dtype)
         norms = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype)
         norms = norms * torch.tensor(self.scale, dtype=self.dtype, device=messages.device) / self.levels
-        value = _per_coordinate(norms, self.numels) * level
+        value = _by_tensor_(level, norms, self.numels, torch.Tensor.mul_)
         return torch.where(code >> self.level_bits == 1, -value, value)
 
 
@@ -291,15 +294,15 @@ class Quant:
         scales = exact.to(torch.float32)  # the scale sent; rounded up, so that |u| ≤ L
         scales = torch.where(scales.to(exact.dtype) < exact, torch.nextafter(scales, torch.full_like(scales, math.inf)),
                              scales)
-        u = delta * self.levels / _per_coordinate(scales.to(delta.dtype), self.numels).clamp_min(
-            torch.finfo(delta.dtype).tiny)
+        u = _by_tensor_(delta * self.levels, scales.to(delta.dtype).clamp_min(torch.finfo(delta.dtype).tiny),
+                        self.numels, torch.Tensor.div_)
         if self.contractive:
-            level = u.round()
+            level = u.round_()
         else:
             uniform = worker_uniforms("quant", self.seed, round, rows, d, delta.dtype, delta.device)
             floor = u.floor()
-            level = floor + (uniform < u - floor)
-        code = (level.clamp_(-self.levels, self.levels) + self.levels).to(_code_kind(self.bits))  # ℓ + L
+            level = floor.add_(uniform < u.sub_(floor))
+        code = level.clamp_(-self.levels, self.levels).add_(self.levels).to(_code_kind(self.bits))  # ℓ + L
         return torch.cat([pack_codes(code, self.bits), as_bytes(scales)], dim=1)
 
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
@@ -307,7 +310,7 @@ class Quant:
         code = unpack_codes(messages[:, : -BYTES_PER_VALUE * T], d, self.bits)
         level = (code.to(torch.int32) - self.levels).to(self.dtype)
         scales = from_bytes(messages[:, -BYTES_PER_VALUE * T :], self.dtype) / self.levels
-        return _per_coordinate(scales, self.numels) * level
+        return _by_tensor_(level, scales, self.numels, torch.Tensor.mul_)
 
 
 @dataclass
@@ -335,6 +338,15 @@ def kept_per_tensor(fraction: float, numels: list[int]) -> list[int]:
 
 def _offsets(numels: list[int]) -> list[int]:
     return [sum(numels[:t]) for t in range(len(numels))]
+
+
+def _by_tensor_(rows: torch.Tensor, per_tensor: torch.Tensor, sizes: list[int], op) -> torch.Tensor:
+    """``op(block, column)`` in place on each tensor's block of ``rows`` [m, Σ sizes] with its column
+    of ``per_tensor`` [m, T] (e.g. ``torch.Tensor.div_``): elementwise what the [m, Σ sizes]
+    expansion would give, without making it. Returns ``rows``."""
+    for t, block in enumerate(rows.split(sizes, dim=1)):
+        op(block, per_tensor[:, t : t + 1])
+    return rows
 
 
 def _per_coordinate(per_tensor: torch.Tensor, sizes: list[int]) -> torch.Tensor:
