@@ -19,6 +19,11 @@ Two gradient backends compute the same per-worker losses, gradients and BatchNor
   ordinary backward that accumulates into G's column blocks. BatchNorm's batching rule updates
   batched running statistics in place only in contiguous tensors, so each step copies B's
   column blocks (d_b values per worker: 0.5 % of d for ResNet-20) into contiguous ones and back.
+  The rows go through in blocks of ``VMAP_ROWS``: oneDNN's grouped convolution slows per group as
+  the groups grow (the 1-D CNN's backward at b = 1: 0.58 s for 16,384 workers in blocks of 256,
+  1.4 s in one call, and 32 s for 65,536 in one call; docs/benchmarks.md, benchmark 11), and a
+  worker's numbers do not depend on its block (tests/test_workers.py: bit for bit in float64, and
+  in float32 on the CPU measured).
 
 ``auto`` picks ``loop`` for one worker; on CUDA, ``vmap`` (each layer of the n workers is one
 kernel instead of n launches; chosen without a GPU measurement, see docs/benchmarks.md). On CPU
@@ -49,6 +54,7 @@ from .tasks import cross_entropy
 
 GRAD_BACKENDS = ("auto", "loop", "vmap")
 VMAP_MAX_PARAMETERS_CPU = 50_000  # auto on CPU: vmap below, loop from here on (see the module doc)
+VMAP_ROWS = 256  # the rows one vmapped call takes at most (see the module doc)
 
 
 @dataclass(frozen=True)
@@ -166,14 +172,11 @@ class WorkerMatrix:
         return losses
 
     def _vmap_init(self) -> None:
-        m, template = self.m, self.template
-        # per parameter, a leaf [m, *shape] that shares storage with X's column block (no copy) and
-        # whose .grad is the same block of G: backward accumulates straight into G, as in the loop
-        self._leaves = {}
-        for s in self.param_slots:
-            leaf = self.X[:, s.offset : s.offset + s.numel].view(m, *s.shape).detach().requires_grad_()
-            leaf.grad = self.G[:, s.offset : s.offset + s.numel].view(m, *s.shape)
-            self._leaves[s.name] = leaf
+        template = self.template
+        # per block of rows and parameter, a leaf [rows, *shape] that shares storage with X's block
+        # (no copy) and whose .grad is the same block of G: backward accumulates straight into G
+        self._blocks = [range(a, min(a + VMAP_ROWS, self.m)) for a in range(0, self.m, VMAP_ROWS)]
+        self._leaves = [{s.name: self._leaf(rows, s) for s in self.param_slots} for rows in self._blocks]
         # non-floating buffers (e.g. BatchNorm's num_batches_tracked) are passed, unbatched: with a
         # momentum, BatchNorm's update does not read them
         others = {n: b for n, b in template.named_buffers() if not b.is_floating_point()}
@@ -186,21 +189,30 @@ class WorkerMatrix:
         # grad transform inside vmap would import torch._dynamo, ~1 s of start-up, and copy into G)
         self._vmapped_loss = vmap(loss)
 
+    def _leaf(self, rows: range, s: Slot) -> torch.Tensor:
+        block = slice(rows.start, rows.stop), slice(s.offset, s.offset + s.numel)
+        leaf = self.X[block].view(len(rows), *s.shape).detach().requires_grad_()
+        leaf.grad = self.G[block].view(len(rows), *s.shape)
+        return leaf
+
     def _loss_and_grad_vmap(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         self.G.zero_()
         self.template.train()
-        m, B = self.m, self.B
-        buffers = {s.name: B[:, s.offset : s.offset + s.numel].view(m, *s.shape).contiguous()
-                   for s in self.buffer_slots}  # updated in place by the forward (running statistics)
-        losses = self._vmapped_loss(self._leaves, buffers, x, y)
-        for s in self.buffer_slots:
-            B[:, s.offset : s.offset + s.numel].copy_(buffers[s.name].view(m, s.numel))
-        with warnings.catch_warnings():
-            # the leaves are column blocks of X (row stride d), their grads the same blocks of G:
-            # autograd warns that this layout is not the dense one it prefers, and accumulates anyway
-            warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
-            losses.sum().backward()  # the losses are independent: d(sum)/dx_i = d(loss_i)/dx_i
-        return losses.detach()
+        losses = torch.empty(self.m, dtype=self.X.dtype, device=self.X.device)
+        for rows, leaves in zip(self._blocks, self._leaves):
+            B, block = self.B[rows.start : rows.stop], slice(rows.start, rows.stop)
+            buffers = {s.name: B[:, s.offset : s.offset + s.numel].view(len(rows), *s.shape).contiguous()
+                       for s in self.buffer_slots}  # updated in place by the forward (running statistics)
+            out = self._vmapped_loss(leaves, buffers, x[block], y[block])
+            for s in self.buffer_slots:
+                B[:, s.offset : s.offset + s.numel].copy_(buffers[s.name].view(len(rows), s.numel))
+            with warnings.catch_warnings():
+                # the leaves are column blocks of X (row stride d), their grads the same blocks of G:
+                # autograd warns that this layout is not the dense one it prefers, and accumulates anyway
+                warnings.filterwarnings("ignore", message="grad and param do not obey the gradient layout contract")
+                out.sum().backward()  # the losses are independent: d(sum)/dx_i = d(loss_i)/dx_i
+            losses[block] = out.detach()
+        return losses
 
     def integer_buffers(self) -> torch.Tensor:
         """Every worker's integer buffers (e.g. BatchNorm's num_batches_tracked) as rows [m, k]."""
