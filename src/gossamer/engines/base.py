@@ -282,7 +282,7 @@ class Engine:
             return None if before is None else before.sub_(X).square_().sum(1)
         mixing = self.living(mixing)
         mixed = self._mixed(X, mixing) if self.adversary is None else self._robust_mixed(X, mixing)
-        change = (mixed - X).square().sum(1) if measure else None
+        change = X.sub_(mixed).square_().sum(1) if measure else None  # (x_i − Σ w_ij x_j)², in X's own storage
         X.copy_(mixed)
         self._record(Transfer("gossip", row_bytes(X), "gossip", mixing=mixing, initiator=initiator))
         return change
@@ -380,7 +380,7 @@ class Engine:
 
     def distance_sq_per_tensor(self, X: torch.Tensor, slots) -> dict[str, float]:
         """Ξ² restricted to each parameter tensor (the per-layer consensus distance)."""
-        per_coordinate = self.mean_row((X - self.mean_row(X)).square())
+        per_coordinate = self.mean_row(torch.sub(X, self.mean_row(X), out=self._scratch_like(X)).square_())
         return {s.name: per_coordinate[s.offset : s.offset + s.numel].sum().item() for s in slots}
 
     # ------------------------------------------------------------------ bookkeeping (not counted)
