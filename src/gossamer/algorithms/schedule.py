@@ -251,7 +251,7 @@ def begin_step(schedule: Schedule, engine, X: torch.Tensor, G: torch.Tensor, t: 
     phi_sq = None
     if measure or schedule.tracks_grad_norm:  # no worker computed: no gradient, φ² = 0
         level = CONTROL if schedule.tracks_grad_norm else METRICS
-        phi_sq = engine.mean_scalar(G.square().sum(1), over=over, level=level) if over != [] else 0.0
+        phi_sq = engine.mean_scalar(engine.row_norms_sq(G), over=over, level=level) if over != [] else 0.0
         beta = schedule.grad_norm_ema
         grad_norm_sq_ema = phi_sq if grad_norm_sq_ema is None else beta * grad_norm_sq_ema + (1 - beta) * phi_sq
     step = Step(t, lr, phi_sq or 0.0, grad_norm_sq_ema or 0.0, measure)

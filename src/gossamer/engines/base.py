@@ -378,6 +378,11 @@ class Engine:
         diff = torch.sub(X, self.mean_row(X, level), out=self._scratch_like(X))
         return self.mean_scalar(diff.square_().sum(1), level=level)
 
+    def row_norms_sq(self, T: torch.Tensor) -> torch.Tensor:
+        """‖t_i‖² of each local row of T [m, d] → [m], no traffic: squared in the scratch rows, not
+        in an n × d temporary of its own."""
+        return torch.square(T, out=self._scratch_like(T)).sum(1)
+
     def distance_sq_per_tensor(self, X: torch.Tensor, slots) -> dict[str, float]:
         """Ξ² restricted to each parameter tensor (the per-layer consensus distance)."""
         per_coordinate = self.mean_row(torch.sub(X, self.mean_row(X), out=self._scratch_like(X)).square_())
