@@ -158,3 +158,21 @@ def test_error_feedback_message_plus_new_residual_is_change_plus_old_residual(sp
 def test_bad_codec_specs(spec, fragment):
     with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         check_spec(spec)
+
+
+@pytest.mark.parametrize("spec", ["sign", "qsgd:4", "qsgd:2", "quant:3", "top-k:0.5+quant:2", "random-k:0.5+qsgd:4"])
+def test_a_codec_in_row_blocks_sends_and_decodes_what_one_call_does(monkeypatch, spec):
+    """Codecs take their rows BLOCK_VALUES values at a time (in_row_blocks): the messages and the
+    decoded rows are those of one call over all rows, bit for bit (7 rows of 12 in blocks of 2)."""
+    import gossamer.codecs as codecs
+
+    numels, rows = [5, 7], range(3, 10)
+    delta = torch.sin(torch.arange(7 * 12, dtype=torch.float64)).view(7, 12)
+    delta[2, :3] = 0  # sign's coin
+    got = []
+    for block in (1 << 20, 24):
+        monkeypatch.setattr(codecs, "BLOCK_VALUES", block)
+        codec = build_compressor(spec, numels, delta, seed=4).codec
+        messages = codec.encode(delta, 6, rows)
+        got.append((messages, codec.decode(messages, 6)))
+    assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])

