@@ -176,3 +176,13 @@ def test_a_codec_in_row_blocks_sends_and_decodes_what_one_call_does(monkeypatch,
         messages = codec.encode(delta, 6, rows)
         got.append((messages, codec.decode(messages, 6)))
     assert torch.equal(got[0][0], got[1][0]) and torch.equal(got[0][1], got[1][1])
+
+
+@pytest.mark.parametrize("dtype, bits", [(torch.float32, torch.int32), (torch.float64, torch.int64)])
+def test_negating_by_the_sign_bit_is_torch_where_of_minus_x_bit_for_bit(dtype, bits):
+    from gossamer.codecs import _negate_
+
+    x = torch.tensor([0.0, -0.0, 1.5, -2.0, math.inf, 3e-39 if dtype == torch.float32 else 3e-310], dtype=dtype)
+    for negative in (torch.tensor([1, 1, 1, 0, 1, 1], dtype=torch.uint8), torch.tensor([0, 1, 0, 1, 0, 1])):
+        expected = torch.where(negative == 1, -x, x)
+        assert torch.equal(_negate_(x.clone(), negative).view(bits), expected.view(bits))
