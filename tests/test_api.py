@@ -1,6 +1,9 @@
 """The Python API (gossamer.run, gossamer.load, gossamer.Data): a model and data given from Python
 train exactly as the registered ones; a run directory reads back as the run that wrote it."""
 
+import threading
+import time
+
 import pytest
 import torch
 from cases import SHORT
@@ -31,7 +34,7 @@ def test_a_model_and_tensors_given_from_python_train_as_the_registered_ones():
     assert torch.equal(registered.x, given.x) and registered.rows == given.rows
     assert given.config["model"] == given.config["dataset"] == "python"
     assert given.x.shape == (4, sum(p.numel() for p in build_model(cfg, data).parameters()))
-    assert "python" not in MODELS and "python" not in DATASETS  # registered for the call only
+    assert "python" not in MODELS and "python" not in DATASETS  # handed to the run, never registered
 
 
 def test_a_torch_dataset_is_the_same_data_as_its_tensors():
@@ -118,3 +121,78 @@ def test_a_model_named_in_the_config_and_given_is_refused():
 def test_the_dist_engine_is_refused():
     with pytest.raises(ConfigError, match="gossamer.run trains on the simulator"):
         gossamer.run({**KEYS, "model": "mlp", "engine": "dist"})
+
+
+# ---------------------------------------------------------------- gossamer.run is pure (issue 44, item 5)
+
+UNTIMED = ("wall_seconds", "comm_seconds", "comm_metrics_seconds")
+GIVEN_KEYS = {k: v for k, v in KEYS.items() if k != "dataset"}
+
+
+def timeless(result):
+    """A result's rows and summary without the wall times (what two runs of one config share)."""
+    return ([{k: v for k, v in row.items() if k not in UNTIMED} for row in result.rows],
+            {k: v for k, v in result.summary.items() if k not in UNTIMED})
+
+
+def paused(width: int):
+    """A model builder that draws from torch's global generator before and after a pause (a run
+    seeding it in between, in another thread, would change the model)."""
+    def build():
+        first = torch.nn.Linear(40, width)
+        time.sleep(0.05)
+        return torch.nn.Sequential(first, torch.nn.ReLU(), torch.nn.Linear(width, 10))
+    return build
+
+
+@pytest.mark.parametrize("extra", [{}, {"byzantine": {"workers": [1], "attack": "sign-flip", "clean_reference": True}}],
+                         ids=["plain", "clean-reference"])
+def test_the_model_builder_is_called_once_and_the_callers_generator_is_left_as_it_was(extra, tmp_path):
+    """The builder once (a clean reference run starts from a copy of the model: the same rows as the
+    registered MLP's, built twice from the seed); torch's generator as the caller left it."""
+    cfg, data = mnist1d()
+    calls = []
+
+    def mlp():
+        calls.append(1)
+        return build_model(cfg, data)
+
+    torch.manual_seed(1234)
+    torch.rand(3)
+    before = torch.get_rng_state()
+    given = gossamer.run({**KEYS, **extra}, model=mlp,
+                         data=gossamer.Data(train=(data.x_train, data.y_train), test=(data.x_test, data.y_test)))
+    assert len(calls) == 1 and torch.equal(torch.get_rng_state(), before)
+    registered = gossamer.run({**KEYS, **extra, "model": "mlp", "num_samples": 1000}, out=tmp_path / "run")
+    assert torch.equal(torch.get_rng_state(), before)  # with out= too
+    assert torch.equal(registered.x, given.x) and timeless(registered)[0] == timeless(given)[0]
+    assert "python" not in MODELS and "python" not in DATASETS
+
+
+def test_runs_in_two_threads_at_once_give_their_standalone_results():
+    """Two runs, different models and data, in two threads at once: each the run it is alone
+    (nothing registered for a call, the model seeded and built one run at a time), and torch's
+    generator as the caller left it once both returned."""
+    _, data = mnist1d()
+    runs = [({**GIVEN_KEYS, "seed": 3}, paused(32),
+             gossamer.Data(train=(SAMPLES, LABELS), test=(SAMPLES[:64], LABELS[:64]))),
+            ({**GIVEN_KEYS, "topology": "complete"}, paused(64),
+             gossamer.Data(train=(data.x_train, data.y_train), test=(data.x_test, data.y_test)))]
+    alone = [timeless(gossamer.run(config, model=model, data=given)) for config, model, given in runs]
+    before, start, results, errors = torch.get_rng_state(), threading.Barrier(len(runs)), [None] * len(runs), []
+
+    def work(i):
+        try:
+            start.wait()
+            results[i] = timeless(gossamer.run(runs[i][0], model=runs[i][1], data=runs[i][2]))
+        except BaseException as e:  # noqa: BLE001 — reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(runs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors, errors
+    assert results == alone and alone[0] != alone[1]
+    assert torch.equal(torch.get_rng_state(), before)

@@ -127,6 +127,7 @@ def test_a_stream_is_drawn_with_its_keys_and_a_name_is_declared_once():
 # where a module seeds a generator itself, and why that is not a stream of the run
 OWN_SEEDS = {
     ("train.py", "torch.manual_seed(cfg.seed)"): "the model's initialisation: PyTorch's initialisers read the global generator",
+    ("train.py", "default_generator.manual_seed(cfg.seed)"): "the same on the cpu, leaving the cuda generators alone",
     ("topology.py", "np.random.default_rng(0)"): "the start vector of a graph's spectral analysis, the same for every run",
     ("testing.py", "torch.manual_seed(cfg.seed if seed is None else seed)"):
         "the conformance kit's user loop: the model's initialisation as train.py seeds it",
@@ -163,7 +164,7 @@ def test_every_draw_comes_from_a_named_generator():
 
 def test_no_module_seeds_a_generator_of_its_own():
     pattern = re.compile(r"(torch\.manual_seed\([^)]*\)|np\.random\.default_rng\([^)]*\)|SeedSequence\(|"
-                         r"torch\.Generator\(|random\.seed\(|np\.random\.seed\()")
+                         r"torch\.Generator\(|random\.seed\(|np\.random\.seed\(|default_generator\.manual_seed\([^)]*\))")
     found = {(path.name, match.group(0)) for path in SRC.rglob("*.py") if path.name != "rng.py"
              for match in pattern.finditer(path.read_text())}
     assert found == set(OWN_SEEDS)

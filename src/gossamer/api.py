@@ -5,15 +5,19 @@ sets or on one's own ``nn.Module`` and tensors, and read finished runs back.
                           model=lambda: MyNet(), data=gossamer.Data(train=(x, y), test=(x_test, y_test)))
     result.summary["test_accuracy"], result.rows[-1]["consensus_distance_sq"], result.x
 
-A model or data given here is, for the length of the call, the registry entry ``python`` of
-models or data sets (what ``config.yaml`` then records): the run is built and checked exactly as
-one from the command line, both gradient backends and every algorithm alike.
+A model or data given here is handed to the run, never registered: ``config.yaml`` records it as
+the model or data set ``python``, and the run is built and checked exactly as one from the command
+line, both gradient backends and every algorithm alike. A call leaves nothing behind: the model
+builder is called once, torch's global generator (seeded with the run's seed to initialise the
+model) is as the caller left it once the call returns, and calls in several threads at once give
+their results alone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -21,13 +25,10 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from .config import Config, from_dict, read_config_file
-from .data import DATASETS, Dataset
-from .models import FOOTPRINTS, MODELS, Footprint
+from .config import GIVEN, Config, from_dict, read_config_file
+from .data import Dataset
 from .registry import ConfigError, short
 from .tasks import TASKS
-
-GIVEN = "python"  # the name of a model or data set given from Python, in the config it ran with
 
 
 @dataclass(frozen=True)
@@ -102,24 +103,33 @@ class Result:
 def run(config: dict | str | Path | Config, model: Callable[[], nn.Module] | nn.Module | None = None,
         data: Data | None = None, out: str | Path | None = None, progress: bool = False) -> Result:
     """Train ``config`` (a dict of keys, a YAML file or a :class:`Config`) on the simulator and
-    return the :class:`Result`. ``model``: an ``nn.Module`` or a function that builds one (called
-    once, after seeding torch with the run's seed); ``data``: a :class:`Data`. With ``out``, the
-    run directory is written as ``gossamer train --out`` writes it (an existing run is not replaced)."""
+    return the :class:`Result`. ``model``: an ``nn.Module`` (a copy of it is trained) or a function
+    that builds one (called once, after torch's global generator is seeded with the run's seed);
+    ``data``: a :class:`Data`. Both are handed to the run, not registered anywhere; the config
+    names them ``python``. With ``out``, the run directory is written as ``gossamer train --out``
+    writes it (an existing run is not replaced).
+
+    Torch's global generators are as the caller left them once the call returns (the run seeds
+    them to initialise its model, one run at a time), and runs in several threads at once give
+    the results each gives alone: but a model that draws from torch's global generator as it
+    trains (dropout) shares that generator with runs in other threads."""
     from .cli import run_training
-    from .train import build_run, train
+    from .train import build_run, resolve_device, train
 
     values = _values(config)
-    with _given(values, model, data):
-        cfg = from_dict(values)
-        if cfg.engine != "sim":
-            raise ConfigError("gossamer.run trains on the simulator (engine sim); engine dist runs under torchrun: "
-                              "gossamer train --set engine=dist")
+    dataset, build = _given_data(values, data), _given_model(values, model)
+    cfg = from_dict(values)
+    if cfg.engine != "sim":
+        raise ConfigError("gossamer.run trains on the simulator (engine sim); engine dist runs under torchrun: "
+                          "gossamer train --set engine=dist")
+    with _CALLERS.kept(resolve_device(cfg.device)):
         if out is not None:
-            run_training(cfg, Path(out), overwrite=False, progress=progress)
-            return load(out)
-        built, rows = build_run(cfg), []
-        summary = train(cfg, built, on_row=rows.append, progress=progress)
-        return Result(cfg.to_dict(), rows, summary, built.workers.X.detach().clone())
+            run_training(cfg, Path(out), overwrite=False, progress=progress, data=dataset, model=build)
+        else:
+            built, rows = build_run(cfg, data=dataset, model=build), []
+            summary = train(cfg, built, on_row=rows.append, progress=progress)
+            return Result(cfg.to_dict(), rows, summary, built.workers.X.detach().clone())
+    return load(out)
 
 
 def load(path: str | Path) -> Result:
@@ -141,31 +151,57 @@ def _values(config: dict | str | Path | Config) -> dict:
     raise ConfigError(f"config must be a dict, a YAML file's path or a Config, got {type(config).__name__}")
 
 
-@contextlib.contextmanager
-def _given(values: dict, model: Callable[[], nn.Module] | nn.Module | None, data: Data | None) -> Iterator[None]:
-    """``model`` and ``data``, if given, as the entries ``python`` of their registries for the call
-    (the config names them; naming another model or data set besides is refused)."""
-    added = []
-    try:
-        if data is not None:
-            if not isinstance(data, Data):
-                raise ConfigError(f"data must be a gossamer.Data, got {type(data).__name__}")
-            dataset = data.dataset()
-            _name(values, "dataset", "data")
-            DATASETS.register(GIVEN, help="the data given from Python (gossamer.run(data=...))")(lambda cfg: dataset)
-            added.append(DATASETS)
-        if model is not None:
-            build = _builder(model)
-            _name(values, "model", "model")
-            MODELS.register(GIVEN, help="the nn.Module given from Python (gossamer.run(model=...))")(
-                lambda cfg, data: _fits(build(), data))
-            FOOTPRINTS[GIVEN] = lambda cfg, data: Footprint(sum(p.numel() for p in build().parameters()), 0, 0)
-            added.append(MODELS)
-        yield
-    finally:
-        for registry in added:
-            registry.entries.pop(GIVEN, None)
-        FOOTPRINTS.pop(GIVEN, None)
+def _given_data(values: dict, data: Data | None) -> Dataset | None:
+    """``data``'s data set, if given (the config then names it ``python``; naming another is refused)."""
+    if data is None:
+        return None
+    if not isinstance(data, Data):
+        raise ConfigError(f"data must be a gossamer.Data, got {type(data).__name__}")
+    dataset = data.dataset()
+    _name(values, "dataset", "data")
+    return dataset
+
+
+def _given_model(values: dict, model: Callable[[], nn.Module] | nn.Module | None):
+    """A (cfg, data) → model builder of ``model``, if given, that checks the model on the data (the
+    config then names it ``python``; naming another is refused)."""
+    if model is None:
+        return None
+    build = _builder(model)
+    _name(values, "model", "model")
+    return lambda cfg, data: _fits(build(), data)
+
+
+class _Generators:
+    """Torch's global generators as the caller left them, given back when its run returns: a run
+    seeds them to initialise its model. Runs in several threads share them, so the state is kept
+    by the first of the runs in progress and given back when the last returns."""
+
+    def __init__(self) -> None:
+        self.lock, self.runs = threading.Lock(), 0
+        self.cpu: torch.Tensor | None = None
+        self.cuda: list[torch.Tensor] | None = None
+
+    @contextlib.contextmanager
+    def kept(self, device: torch.device) -> Iterator[None]:
+        with self.lock:
+            if self.runs == 0:
+                self.cpu, self.cuda = torch.get_rng_state(), None
+            if device.type == "cuda" and self.cuda is None:  # a run on the cpu leaves the cuda ones alone
+                self.cuda = torch.cuda.get_rng_state_all()
+            self.runs += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.runs -= 1
+                if self.runs == 0:
+                    torch.set_rng_state(self.cpu)
+                    if self.cuda is not None:
+                        torch.cuda.set_rng_state_all(self.cuda)
+
+
+_CALLERS = _Generators()
 
 
 def _name(values: dict, key: str, argument: str) -> None:

@@ -105,15 +105,18 @@ def _stop_on_signals():
 
 
 def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume: bool = False,
-                 lock: RunLock | None = None) -> dict:
+                 lock: RunLock | None = None, data=None, model=None) -> dict:
     """Train one config into a run directory (or continue the run there, ``resume``) and return
-    its summary (``lock``: the directory's, already held).
+    its summary (``lock``: the directory's, already held; ``data``, ``model``: a data set and a
+    model builder given from Python, as :func:`gossamer.train.build_run` takes them).
 
     The run is built (and so every option checked) before the directory is touched. With
     ``engine: dist`` every process trains its block of workers and only rank 0 writes."""
     if cfg.engine == "dist":
+        if data is not None or model is not None:
+            raise ConfigError("a model or data given from Python trains on the simulator (engine sim)")
         return _run_training_dist(cfg, out, overwrite, progress, resume, lock)
-    run = build_run(cfg, reference=reference_trajectory(cfg))
+    run = build_run(cfg, reference=reference_trajectory(cfg), data=data, model=model)
     state = _resumed_state(cfg, run, out) if resume else None
     run_dir = RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None, lock=lock)
     return _train_into(cfg, run, run_dir, out, progress, state)

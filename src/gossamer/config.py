@@ -35,13 +35,35 @@ from .faults import FaultsConfig
 from .network import NetworkConfig, check_compute, check_worker_speeds, parse_jitter, parse_slow_workers
 from . import plugins
 from .optim import OPTIMIZERS
-from .registry import ConfigError, Registry, positive_ints, short
+from .registry import ConfigError, Entry, Registry, positive_ints, short
 from .workers import GRAD_BACKENDS
 
-__all__ = ["Config", "ConfigError", "KINDS", "from_dict", "load_config", "parse_override"]
+__all__ = ["Config", "ConfigError", "GIVEN", "KINDS", "entry_of", "from_dict", "load_config", "parse_override"]
 
 KINDS: dict[str, Registry] = {"algorithm": ALGORITHMS, "engine": ENGINES, "optimizer": OPTIMIZERS,
                               "dataset": DATASETS, "model": MODELS}
+# the name of a model or data set given from Python (gossamer.run(model=..., data=...)): what config.yaml
+# records; it is in no registry (the run is handed the model and the data, gossamer.train.build_run)
+GIVEN = "python"
+
+
+def _given_only(kind: str, argument: str) -> Entry:
+    def build(*args: Any) -> Any:
+        raise ConfigError(f"{kind} '{GIVEN}' is one given from Python: gossamer.run({argument}=...)")
+    return Entry(GIVEN, build, help=f"the {kind} given from Python: gossamer.run({argument}=...)")
+
+
+_GIVEN_ENTRIES = {"dataset": _given_only("dataset", "data"), "model": _given_only("model", "model")}
+
+
+def entry_of(kind: str, name: Any) -> Entry:
+    """The entry ``name`` of the concept ``kind`` of :data:`KINDS`: its registry's, or for
+    :data:`GIVEN` (a model or data set given from Python) one that owns no keys."""
+    if name == GIVEN and kind in _GIVEN_ENTRIES:
+        return _GIVEN_ENTRIES[kind]
+    return KINDS[kind][name]
+
+
 DEVICES = ("cpu", "cuda", "auto")
 PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
@@ -120,8 +142,8 @@ class Config:
     options: dict[str, Any] = field(default_factory=dict, repr=False, metadata={"internal": True})
 
     def __post_init__(self) -> None:
-        for kind, registry in KINDS.items():
-            entry = registry[getattr(self, kind)]
+        for kind in KINDS:
+            entry = entry_of(kind, getattr(self, kind))
             if not isinstance(self.options.get(kind), entry.options):
                 self.options[kind] = entry.options()
 
@@ -371,8 +393,8 @@ def from_dict(values: dict[str, Any]) -> Config:
         raise ConfigError(f"a config must be a mapping of keys to values, got {type(values).__name__}")
     values = _with_required(_with_plugins(values))
     general = {f.name: f for f in _fields(Config)}
-    chosen = {kind: registry[_coerce(kind, values.get(kind, general[kind].default), "str")]
-              for kind, registry in KINDS.items()}
+    chosen = {kind: entry_of(kind, _coerce(kind, values.get(kind, general[kind].default), "str"))
+              for kind in KINDS}
     top: dict[str, Any] = {}
     routed: dict[str, dict[str, Any]] = {kind: {} for kind in KINDS}
     for key, value in values.items():

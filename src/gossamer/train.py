@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, NamedTuple
@@ -27,7 +28,7 @@ from tqdm import tqdm
 from .algorithms import Context, Schedule, StepIO, build_schedule, graph_of
 from .byzantine import Adversary
 from .checkpoint import capture, restore
-from .config import Config, ConfigError
+from .config import GIVEN, Config, ConfigError
 from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch, validation_split
 from .engines import Engine, build_engine
@@ -124,12 +125,12 @@ class Clean:
     batches: Batches
 
     @classmethod
-    def build(cls, cfg: Config, data: Dataset) -> Clean:
+    def build(cls, cfg: Config, data: Dataset, model: ModelBuilder | None = None) -> Clean:
         clean = copy.deepcopy(cfg)
         clean.byzantine = clean.network = clean.compute_ms = clean.slow_workers = clean.worker_speeds = None
         clean.compute_jitter = None
         clean.target_accuracy = clean.target_loss = None
-        run = build_run(clean, data=data)
+        run = build_run(clean, data=data, model=model)
         return cls(run, Progress(), Batches(run))
 
     def step(self, t: int, lr: float) -> None:
@@ -177,17 +178,28 @@ class Batches:
         return x, y
 
 
+ModelBuilder = Callable[[Config, Dataset], torch.nn.Module]  # (cfg, data) → a fresh model, as a MODELS entry builds
+_SEEDING = threading.Lock()  # torch's global generator is the process's: one run at a time seeds it, builds its model
+
+
 def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = None,
-              reference: list[float] | None = None) -> Run:
+              reference: list[float] | None = None, model: ModelBuilder | None = None) -> Run:
     """Build data, model replicas, optimizer and schedule; errors are ConfigErrors naming the option.
 
     ``engine``: the engine to run on (default: the one ``cfg.engine`` names); ``data``: a data
-    set to use instead of loading ``cfg.dataset``; ``reference``: the Ξ_t² by step of the run a
+    set to use instead of loading ``cfg.dataset``; ``model``: a function that builds the model
+    instead of ``cfg.model``'s entry (called once; ``cfg.model`` is then ``python``, as
+    :func:`gossamer.run` gives it); ``reference``: the Ξ_t² by step of the run a
     ``consensus.target: run:DIR`` follows (:func:`gossamer.report.reference_trajectory`).
     ``validation_fraction`` > 0 holds its split out of the training set
     (:func:`gossamer.data.partition.validation_split`). The config is validated again (one
-    changed with ``dataclasses.replace`` skipped it)."""
+    changed with ``dataclasses.replace`` skipped it).
+
+    The model is initialised from torch's global generator seeded with ``cfg.seed`` (on cuda,
+    the devices' generators are seeded too, as ``torch.manual_seed`` does), one run at a time in
+    the process; the generator is left in the state that building the model left it in."""
     cfg.validate()
+    _check_given(cfg, data, model)
     device = resolve_device(cfg.device)
     dtype = getattr(torch, cfg.dtype)
     source = data or load_dataset(cfg)  # as given: a clean reference run starts from it too
@@ -211,9 +223,21 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
                           f"{data.task} task: use partition: iid")
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)
               if cfg.partition == "dirichlet" else None)
-    _check_memory(cfg, data, task, engine.m, dtype, device)
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, data).to(dtype)
+    if model is None:
+        _check_memory(cfg, data, task, engine.m, dtype, device)
+    given, again = model, None
+    with _SEEDING:
+        if device.type == "cuda":
+            torch.manual_seed(cfg.seed)  # the cuda generators too, for what the model draws as it trains
+        else:  # torch.manual_seed would queue a seed for the cuda generators, which a cpu run leaves alone
+            torch.random.default_generator.manual_seed(cfg.seed)
+        model = (given or build_model)(cfg, data)
+        if given is not None and cfg.byzantine is not None and cfg.byzantine.clean_reference:
+            again = _again(model, device)
+    if given is not None:  # its size is known once built: building it to count would call the builder twice
+        _check_memory(cfg, data, task, engine.m, dtype, device,
+                      Footprint(sum(p.numel() for p in model.parameters()), 0, 0))
+    model = model.to(dtype)
     cfg.bn_eval = resolve_bn_eval(cfg, model)
     workers = WorkerMatrix(model, engine.m, device, backend=cfg.grad_backend, loss=task.loss)
     no_decay = [False] * len(workers.param_slots) if cfg.decay_norm_and_bias else no_decay_mask(model)
@@ -240,8 +264,31 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
             _check_local_repair(graph_of(schedule))
     run = Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults)
     if cfg.byzantine is not None and cfg.byzantine.clean_reference:
-        run.clean = Clean.build(cfg, source)
+        run.clean = Clean.build(cfg, source, again)
     return run
+
+
+def _check_given(cfg: Config, data: Dataset | None, model: ModelBuilder | None) -> None:
+    """A model or data set named ``python`` (:data:`~gossamer.config.GIVEN`) is one given from
+    Python: the run must be handed it."""
+    for kind, argument, name, given in (("dataset", "data", cfg.dataset, data), ("model", "model", cfg.model, model)):
+        if name == GIVEN and given is None:
+            raise ConfigError(f"{kind} '{GIVEN}' is one given from Python: gossamer.run({argument}=...)")
+
+
+def _again(model: torch.nn.Module, device: torch.device) -> ModelBuilder:
+    """A given model's builder for the clean reference run (``byzantine.clean_reference``): a copy
+    of ``model`` as built, torch's generators put in the state building it left them in, as
+    building it again from the seed would (the user's builder is called once)."""
+    model, cpu = copy.deepcopy(model), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if device.type == "cuda" else None
+
+    def build(cfg: Config, data: Dataset) -> torch.nn.Module:
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+        return copy.deepcopy(model)
+    return build
 
 
 def _check_local_repair(graph) -> None:
@@ -278,14 +325,16 @@ def reached_target(cfg: Config, row: dict) -> bool:
     return cfg.target_loss is not None and row["test_loss"] <= cfg.target_loss
 
 
-def _check_memory(cfg: Config, data: Dataset, task: Task, m: int, dtype: torch.dtype, device: torch.device) -> None:
+def _check_memory(cfg: Config, data: Dataset, task: Task, m: int, dtype: torch.dtype, device: torch.device,
+                  size: Footprint | None = None) -> None:
     """Refuse, before building the model, a run that cannot fit in the memory free on its device:
     m rows of d values for X, G, a scratch copy and at least two rows of optimizer or schedule
-    state, and the most activations alive at once (:func:`_activations`)."""
+    state, and the most activations alive at once (:func:`_activations`). ``size``: the model's
+    footprint (default: ``cfg.model``'s, :func:`~gossamer.models.footprint`)."""
     free = _free_bytes(device)
     if free is None:
         return
-    size, value = footprint(cfg, data), torch.empty(0, dtype=dtype).element_size()
+    size, value = size or footprint(cfg, data), torch.empty(0, dtype=dtype).element_size()
     matrix = 5 * m * size.parameters * value
     held = _activations(cfg, data, task, m, device, size)
     need = matrix + held.values * value
