@@ -866,7 +866,7 @@ def train_all(jobs: list[Job], train_run: Callable, log=print, processes: int = 
     pool = concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
                                                   initializer=_worker_start, initargs=(threads, used, os.getpid()))
     try:
-        with _workers_ignore_ctrl_c():  # the workers start (at the submits) ignoring it, until they leave the group
+        with _ctrl_c_held():  # the workers start (at the submits) deaf to it; a Ctrl-C meanwhile comes after
             running = {pool.submit(_train_job, train_run, job.cfg, job.out): job for job in jobs}
         for done in concurrent.futures.as_completed(running):
             log(f"{running[done].label} (done)")
@@ -883,21 +883,22 @@ PARENT_POLL = 1.0  # seconds between a worker's checks that the process that sta
 
 
 @contextlib.contextmanager
-def _workers_ignore_ctrl_c():
-    """Within, SIGINT is ignored (in the main thread), so the worker processes started inside
-    inherit that: a Ctrl-C while one still imports is not its traceback (a Ctrl-C in this short
-    window is lost; the next one stops the parent)."""
+def _ctrl_c_held():
+    """Within, SIGINT is blocked (in the main thread: pthread_sigmask), and the worker processes
+    started inside inherit the mask, so a Ctrl-C while one still imports is not its traceback
+    (it leaves the terminal's process group at its start and stays deaf to SIGINT). A Ctrl-C in
+    the window is held pending, not lost: it is delivered, as KeyboardInterrupt, when it ends."""
     import signal
     import threading
 
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _worker_start(threads: int, records: list[str], parent: int) -> None:
