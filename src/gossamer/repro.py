@@ -887,7 +887,8 @@ def _ctrl_c_held():
     """Within, SIGINT is blocked (in the main thread: pthread_sigmask), and the worker processes
     started inside inherit the mask, so a Ctrl-C while one still imports is not its traceback
     (it leaves the terminal's process group at its start and stays deaf to SIGINT). A Ctrl-C in
-    the window is held pending, not lost: it is delivered, as KeyboardInterrupt, when it ends."""
+    the window is not lost: held pending, it is KeyboardInterrupt when the window ends (at once if
+    another thread of this process, not blocking it, takes it)."""
     import signal
     import threading
 
