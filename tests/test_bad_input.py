@@ -10,8 +10,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gossamer import cli
 from gossamer import config as config_module
+from gossamer import runner
 from gossamer.cli import main
 from gossamer.config import KINDS, Config, ConfigError, _fields, _section, load_config
 from gossamer.data import load_dataset
@@ -176,12 +176,12 @@ def existing_run(tmp_path_factory):
 def test_random_set_values_exit_0_or_2_and_lose_nothing(key, value, data, tmp_path_factory, capsys, monkeypatch,
                                                         existing_run):
     before = {p.name: p.read_bytes() for p in existing_run.iterdir()}
-    real_train = cli.train
+    real_train = runner.train
 
     def short_train(cfg, run, **kw):  # valid configs train, but not for long
         cfg.epochs = 1
         return real_train(cfg, run, **kw)
-    monkeypatch.setattr(cli, "train", short_train)
+    monkeypatch.setattr(runner, "train", short_train)
     out = tmp_path_factory.mktemp("random") / "run"
     text = f"{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
     target = data.draw(st.sampled_from([str(out), str(existing_run)]))

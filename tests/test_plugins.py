@@ -163,6 +163,10 @@ def test_resume_refuses_a_changed_or_missing_plugin(tmp_path, capsys):
      "registers a name that is taken: algorithm 'gossip' is already registered; choose another name"),
     ("from gossamer.extend import MODELS\n@MODELS.register('half-registered')\ndef b(cfg, data): pass\n1 / 0\n",
      "failed to import: ZeroDivisionError: division by zero (bad.py line 4)"),
+    ("from gossamer.extend import ALGORITHMS, REJOIN_MODES\n@ALGORITHMS.register('typo-faults', fault=REJOIN_MODES)\n"
+     "def b(cfg, ctx): pass\n",  # a typo'd trait is refused where it is declared, not ignored (issue 44, item 3)
+     "failed to register: algorithm 'typo-faults' declares an unknown trait 'fault'; an algorithm's traits are: "
+     "faults, byzantine, requires, requires_why (bad.py line 2)"),
 ])
 def test_a_plugin_that_fails_is_one_line_and_changes_no_registry(tmp_path, capsys, text, message):
     plugin = tmp_path / "bad.py"
@@ -172,6 +176,46 @@ def test_a_plugin_that_fails_is_one_line_and_changes_no_registry(tmp_path, capsy
     assert err == f"gossamer: error: plugin '{plugin}' {message}\n"
     from gossamer.models import MODELS
     assert "half-registered" not in MODELS and ALGORITHMS["gossip"].build.__module__ == "gossamer.algorithms.gossip"
+    assert "typo-faults" not in ALGORITHMS
+
+
+def test_a_registry_refuses_an_unknown_trait_at_registration_and_takes_a_known_one():
+    from gossamer.registry import ConfigError, Registry, UnknownTrait
+    from gossamer.topology import TOPOLOGIES
+    with pytest.raises(UnknownTrait, match=r"^algorithm 'my-algo' declares an unknown trait 'fault'; an algorithm's "
+                                           r"traits are: faults, byzantine, requires, requires_why$"):
+        ALGORITHMS.register("my-algo", fault=("stale",))
+    with pytest.raises(ConfigError, match=r"^topology 'my-graph' declares an unknown trait 'per_rounds'; a topology's "
+                                          r"traits are: size, per_round$"):
+        TOPOLOGIES.register("my-graph", size=lambda n, _: (n, 0, 0), per_rounds=True)
+    from gossamer.models import MODELS
+    with pytest.raises(UnknownTrait, match=r"^model 'my-model' declares an unknown trait 'size'; a model declares no "
+                                           r"traits$"):
+        MODELS.register("my-model", size=1)
+    assert not {"my-algo", "my-graph", "my-model"} & {*ALGORITHMS.names(), *TOPOLOGIES.names(), *MODELS.names()}
+    things = Registry("thing", traits={"heavy": "True: it is heavy"})
+    things.register("rock", heavy=True)(lambda: None)
+    assert dict(things["rock"].traits) == {"heavy": True} and dict(things.traits) == {"heavy": "True: it is heavy"}
+
+
+def test_every_trait_an_entry_declares_is_one_its_registry_declares():
+    import gossamer.cli  # noqa: F401 — every built-in module, so every registry and its entries
+    import gossamer.extend  # noqa: F401
+    from gossamer.codecs import CODECS
+    from gossamer.config import KINDS
+    from gossamer.outer import OUTER_OPTIMIZERS
+    from gossamer.registry import Registry
+    from gossamer.topology import TOPOLOGIES
+    found = {id(v): v for name, module in list(sys.modules.items()) if name.split(".")[0] == "gossamer"
+             for v in vars(module).values() if isinstance(v, Registry)}  # and any registry added since
+    assert {id(r) for r in [*KINDS.values(), CODECS, TOPOLOGIES, OUTER_OPTIMIZERS]} <= found.keys()
+    for registry in found.values():
+        assert all(isinstance(meaning, str) and meaning for meaning in registry.traits.values()), registry.kind
+        for entry in registry.entries.values():
+            assert set(entry.traits) <= set(registry.traits), (registry.kind, entry.name, set(entry.traits))
+    used = {(r.kind, t) for r in found.values() for e in r.entries.values() for t in e.traits}
+    assert {("algorithm", "faults"), ("algorithm", "byzantine"), ("algorithm", "requires"), ("optimizer", "matrices"),
+            ("compression", "shaped"), ("topology", "size"), ("topology", "per_round")} <= used
 
 
 def test_help_lists_plugin_entries(capsys):

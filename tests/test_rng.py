@@ -129,6 +129,7 @@ OWN_SEEDS = {
     ("train.py", "torch.manual_seed(cfg.seed)"): "the model's initialisation: PyTorch's initialisers read the global generator",
     ("train.py", "default_generator.manual_seed(cfg.seed)"): "the same on the cpu, leaving the cuda generators alone",
     ("topology.py", "np.random.default_rng(0)"): "the start vector of a graph's spectral analysis, the same for every run",
+    ("mixing.py", "np.random.default_rng(0)"): "the start vector of a mixing matrix's norm (its sparse iteration), the same for every run",
     ("testing.py", "torch.manual_seed(cfg.seed if seed is None else seed)"):
         "the conformance kit's user loop: the model's initialisation as train.py seeds it",
 }

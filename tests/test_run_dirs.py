@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gossamer import cli, report
+from gossamer import report, runner
 from gossamer.cli import main
 from test_durable import rows, stop_with, summary
 
@@ -559,12 +559,12 @@ def test_the_stop_names_the_signal_another_process_received(tmp_path):
 
     def rank(r):
         try:
-            cli._train_into(cfg, runs[r], run_dir if r == 0 else None, out, False, None)
-        except cli.Stopped as e:
+            runner._train_into(cfg, runs[r], run_dir if r == 0 else None, out, False, None)
+        except runner.Stopped as e:
             errors[r] = e
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(cli, "_stop_on_signals", lambda: contextlib.nullcontext(received[threading.current_thread().name]))
+        m.setattr(runner, "_stop_on_signals", lambda: contextlib.nullcontext(received[threading.current_thread().name]))
         threads = [threading.Thread(target=rank, args=(r,), name=str(r)) for r in range(2)]
         for t in threads:
             t.start()

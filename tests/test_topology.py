@@ -423,6 +423,7 @@ def test_every_topology_declares_its_size_and_graph_bytes_keeps_its_numbers(tmp_
 def test_topology_dynamic_imports_no_private_names_of_topology():
     tree = ast.parse(inspect.getsource(topology_dynamic))
     imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module in ("topology", "gossamer.topology") for alias in node.names]
+                and node.module in ("mixing", "topology", "gossamer.mixing", "gossamer.topology")
+                for alias in node.names]
     assert "TOPOLOGIES" in imported  # the import was found
     assert [name for name in imported if name.startswith("_")] == []

@@ -13,11 +13,8 @@ def __getattr__(name: str):
         from . import api
         return getattr(api, name)
     if name == "__version__":
-        from importlib.metadata import PackageNotFoundError, version
-        try:
-            return version("gossamer")
-        except PackageNotFoundError:  # a source tree that was not installed
-            return "unknown"
+        from .version import package_version
+        return package_version()
     raise AttributeError(f"module 'gossamer' has no attribute '{name}'")
 
 

@@ -113,7 +113,7 @@ def run(config: dict | str | Path | Config, model: Callable[[], nn.Module] | nn.
     them to initialise its model, one run at a time), and runs in several threads at once give
     the results each gives alone: but a model that draws from torch's global generator as it
     trains (dropout) shares that generator with runs in other threads."""
-    from .cli import run_training
+    from .runner import run_training
     from .train import build_run, resolve_device, train
 
     values = _values(config)

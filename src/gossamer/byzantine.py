@@ -106,8 +106,10 @@ class ByzantineConfig:
     # also train the run without this section step for step, and report the honest workers' distance from its x̄
     clean_reference: bool = False
 
-    def validate(self, cfg) -> None:
-        n, family = cfg.workers, family_of(cfg)
+    def validate(self, cfg, algorithms) -> None:
+        """Refuse a bad section; ``algorithms`` is the registry of algorithms (their ``byzantine``
+        traits), handed in by the config, which sits above both."""
+        n, family = cfg.workers, family_of(cfg, algorithms)
         if self.fraction is not None and self.workers:
             raise ConfigError("give byzantine.workers or byzantine.fraction, not both")
         if self.fraction is not None and not 0 <= self.fraction < 1:
@@ -132,8 +134,7 @@ class ByzantineConfig:
             raise ConfigError(f"byzantine: {f} Byzantine worker(s) need an attack; choose one of: "
                               f"{', '.join(ATTACKS[1:])} (or none of them Byzantine)")
         if family is None:
-            from .algorithms import ALGORITHMS
-            allowed = [e.name for e in ALGORITHMS.entries.values() if e.traits.get("byzantine")]
+            allowed = [e.name for e in algorithms.entries.values() if e.traits.get("byzantine")]
             raise ConfigError(f"byzantine applies to the algorithms {', '.join(allowed)}; algorithm "
                               f"{cfg.algorithm} has no Byzantine model")
         aggregators = GOSSIP_AGGREGATORS if family == "gossip" else ALLREDUCE_AGGREGATORS
@@ -207,11 +208,11 @@ def byzantine_active(cfg) -> bool:
     return cfg.byzantine is not None and cfg.byzantine.active(cfg.workers)
 
 
-def family_of(cfg) -> str | None:
-    """Which Byzantine model the algorithm has (its registration's ``byzantine`` trait):
-    "allreduce" (aggregated updates) or "gossip" (exchanged models); None: none."""
-    from .algorithms import ALGORITHMS
-    return ALGORITHMS[cfg.algorithm].traits.get("byzantine")
+def family_of(cfg, algorithms) -> str | None:
+    """Which Byzantine model the algorithm has (its registration's ``byzantine`` trait in
+    ``algorithms``, the registry): "allreduce" (aggregated updates) or "gossip" (exchanged models);
+    None: none."""
+    return algorithms[cfg.algorithm].traits.get("byzantine")
 
 
 def alie_z(n: int, f: int) -> float:

@@ -52,12 +52,14 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from .registry import ConfigError, Registry, short
+from .registry import ConfigError, short
 from .rng import host_stream, row_uniforms
+# the registry and the byte layout SparseLoCo's codec shares (re-exported: gossamer.codecs.CODECS, ...)
+from .codec_base import BYTES_PER_VALUE, CODECS, as_bytes, from_bytes, pack_codes, unpack_codes
+from .codec_base import code_kind as _code_kind
+from .codec_base import tensor_offsets as _offsets
 
-CODECS = Registry("compression")
 ERROR_FEEDBACK = "ef-"
-BYTES_PER_VALUE = 4  # float32 values and int32 indices on the wire
 
 
 class Codec(Protocol):
@@ -74,16 +76,6 @@ class Codec(Protocol):
     def encode(self, delta: torch.Tensor, round: int, rows: range) -> torch.Tensor: ...
 
     def decode(self, messages: torch.Tensor, round: int) -> torch.Tensor: ...
-
-
-def as_bytes(values: torch.Tensor) -> torch.Tensor:
-    """float rows [m, k] → their float32 bytes [m, 4k]."""
-    return values.to(torch.float32).contiguous().view(torch.uint8)
-
-
-def from_bytes(data: torch.Tensor, dtype: torch.dtype, kind: torch.dtype = torch.float32) -> torch.Tensor:
-    """uint8 rows [m, 4k] → the float32 (or int32) values they hold [m, k], as ``dtype``."""
-    return data.clone(memory_format=torch.contiguous_format).view(kind).to(dtype)
 
 
 def worker_uniforms(name: str, seed: int, round: int, rows: range, d: int, dtype: torch.dtype,
@@ -362,10 +354,6 @@ def kept_per_tensor(fraction: float, numels: list[int]) -> list[int]:
     return [math.ceil(exact * n) for n in numels]
 
 
-def _offsets(numels: list[int]) -> list[int]:
-    return [sum(numels[:t]) for t in range(len(numels))]
-
-
 _SAME_SIZE_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -505,38 +493,6 @@ def build_compressor(spec: str, numels: list[int], like: torch.Tensor, seed: int
 def check_spec(spec: str) -> None:
     """Raise a ConfigError unless ``spec`` names a codec or chain (with or without ``ef-``) and valid parameters."""
     build_codec(spec.removeprefix(ERROR_FEEDBACK), [1], torch.float32)
-
-
-def _code_kind(bits: int) -> torch.dtype:
-    return torch.uint8 if bits <= 8 else torch.int32
-
-
-def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Integer (or bool) codes [m, d] of ``bits`` bits each → uint8 [m, ⌈d·bits/8⌉]: the codes end
-    to end, most significant bit first, zeros after the last. Codes that tile a byte (1, 2, 4 or 8
-    bits) are shifted into it; others go through their bits."""
-    m, d = codes.shape
-    if 8 % bits:  # a code straddles bytes: its bits, one code of 1 bit each
-        shifts = torch.arange(bits - 1, -1, -1, device=codes.device).to(_code_kind(bits))
-        codes, bits, d = ((codes.to(_code_kind(bits)).unsqueeze(2) >> shifts) & 1).view(m, d * bits), 1, d * bits
-    per = 8 // bits
-    padded = torch.zeros(m, -(-d // per) * per, dtype=torch.uint8, device=codes.device)
-    padded[:, :d] = codes
-    shifts = (torch.arange(per - 1, -1, -1, device=codes.device) * bits).to(torch.uint8)
-    return (padded.view(m, -1, per) << shifts).sum(2, dtype=torch.uint8)
-
-
-def unpack_codes(packed: torch.Tensor, d: int, bits: int) -> torch.Tensor:
-    """uint8 [m, ⌈d·bits/8⌉] → the d codes [m, d] of ``bits`` bits (uint8; int32 above 8 bits):
-    the inverse of :func:`pack_codes`."""
-    m = packed.shape[0]
-    if 8 % bits:
-        kind = _code_kind(bits)
-        weights = (2 ** torch.arange(bits - 1, -1, -1, device=packed.device)).to(kind)
-        return (unpack_codes(packed, d * bits, 1).view(m, d, bits).to(kind) * weights).sum(2, dtype=kind)
-    per = 8 // bits
-    shifts = (torch.arange(per - 1, -1, -1, device=packed.device) * bits).to(torch.uint8)
-    return ((packed.unsqueeze(2) >> shifts) & (2**bits - 1)).view(m, -1)[:, :d]
 
 
 from . import sparseloco  # noqa: E402,F401  (registers SparseLoCo's codec, which builds on this module)

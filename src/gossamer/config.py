@@ -199,11 +199,11 @@ class Config:
         for opts in self.options.values():
             opts.validate(self)
         if self.faults is not None:
-            self.faults.validate(self)
+            self.faults.validate(self, ALGORITHMS)
         if self.byzantine is not None:
             if self.faults is not None:
                 raise ConfigError("byzantine and faults together are not supported: give one of the two sections")
-            self.byzantine.validate(self)
+            self.byzantine.validate(self, ALGORITHMS)
         return self
 
     def _validate_scales(self) -> None:

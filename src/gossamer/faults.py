@@ -52,7 +52,9 @@ class FaultsConfig:
     rejoin: str = "neighbours"  # neighbours | stale
     repair: str = "local"  # the gossip matrix on the living: local (drop a gone worker's links) | metropolis
 
-    def validate(self, cfg) -> None:
+    def validate(self, cfg, algorithms) -> None:
+        """Refuse a bad section; ``algorithms`` is the registry of algorithms (their ``faults`` traits),
+        handed in by the config, which sits above both."""
         parse_events(self.events, cfg.workers)
         if not 0 <= self.churn < 1:
             raise ConfigError(f"faults.churn must be a probability in [0, 1), got {self.churn}")
@@ -71,21 +73,19 @@ class FaultsConfig:
             raise ConfigError(f"unknown faults.rejoin '{short(self.rejoin)}'; choose one of: {', '.join(REJOIN_MODES)}")
         if self.repair not in REPAIRS:
             raise ConfigError(f"unknown faults.repair '{short(self.repair)}'; choose one of: {', '.join(REPAIRS)}")
-        _check_supported(cfg, self.rejoin, self.repair)
+        _check_supported(cfg, algorithms, self.rejoin, self.repair)
 
 
-def _check_supported(cfg, rejoin: str, repair: str) -> None:
+def _check_supported(cfg, algorithms, rejoin: str, repair: str) -> None:
     """Refuse, in one line, an algorithm that does not declare that it drops workers (its
     registration's ``faults``: the rejoin modes it takes), and a repair of W where it gossips on
     no graph (its options have no topology, nor NoLoCo's outer one)."""
-    from .algorithms import ALGORITHMS
-
-    graph = "topology" in ALGORITHMS[cfg.algorithm].keys or getattr(cfg, "outer_topology", "none") != "none"
+    graph = "topology" in algorithms[cfg.algorithm].keys or getattr(cfg, "outer_topology", "none") != "none"
     if repair != "local" and not graph:
         raise ConfigError(f"faults.repair {repair} repairs a gossip graph: algorithm {cfg.algorithm} has none here "
                           f"(its means are over the living workers); drop faults.repair")
 
-    modes = {name: e.traits.get("faults", ()) for name, e in ALGORITHMS.entries.items()}
+    modes = {name: e.traits.get("faults", ()) for name, e in algorithms.entries.items()}
     if not modes[cfg.algorithm]:
         raise ConfigError(f"faults: algorithm {cfg.algorithm} does not drop workers; use one of: "
                           f"{', '.join(name for name, m in modes.items() if m)}")

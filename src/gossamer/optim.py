@@ -19,7 +19,8 @@ import torch
 
 from .registry import ConfigError, Registry
 
-OPTIMIZERS = Registry("optimizer")
+OPTIMIZERS = Registry("optimizer", traits={
+    "matrices": "True: the builder also gets the hidden weight matrices' slots (as muon), train.py"})
 
 
 class RowOptimizer:

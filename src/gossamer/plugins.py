@@ -12,7 +12,8 @@ one that is missing or changed — or finds one that moved, given again by path 
 
 Importing is all or nothing: a plugin that fails to import, or registers a name that is taken (a
 built-in's or another plugin's — nothing shadows silently), leaves the registries as they were
-and is one :class:`~gossamer.registry.ConfigError` line. A plugin is imported once per process.
+and is one :class:`~gossamer.registry.ConfigError` line; so is one that declares a trait its
+registry does not know (``fault=`` for ``faults=``). A plugin is imported once per process.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from .registry import ConfigError, NameTaken, short
+from .registry import ConfigError, NameTaken, UnknownTrait, short
 
 ENTRY_POINTS = "gossamer.plugins"
 HASH = "#sha256="
@@ -226,6 +227,8 @@ def _import(source: str) -> ModuleType:
             table.update(entries)
         if isinstance(e, NameTaken):
             raise NameTaken(f"plugin '{short(source)}' registers a name that is taken: {e}") from None
+        if isinstance(e, UnknownTrait):  # a typo'd trait (fault= for faults=): the line and where it is
+            raise ConfigError(f"plugin '{short(source)}' failed to register: {e}{_where(e, source)}") from None
         text = e.msg if isinstance(e, SyntaxError) else str(e)  # a syntax error's str holds its place again
         reason = text.splitlines()[0] if text else ""
         raise ConfigError(f"plugin '{short(source)}' failed to import: {type(e).__name__}"

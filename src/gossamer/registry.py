@@ -5,6 +5,11 @@ apply to it, with their defaults and a ``validate(cfg)``) and one line of help. 
 validation, the command line's help and the builders all read the same registry, so a new
 algorithm, data set or model is one registered function in the module that owns the concept.
 
+An entry may declare traits (``faults=...``, ``size=...``): what it says about itself for its
+concept, read by the one place that checks it. Each registry declares the traits its entries may
+take, with one line of meaning each, and refuses an unknown one at registration (:class:`UnknownTrait`),
+so a typo is one line at import, never a trait that silently is not there.
+
 Some concepts take a parameter in their name (``random-regular:4``, ``edges:FILE``, ``top-k:0.01``):
 :meth:`Registry.parse` splits such a spec into its entry and the text after the colon.
 """
@@ -23,6 +28,10 @@ class ConfigError(ValueError):
 
 class NameTaken(ConfigError):
     """A registration under a name that is taken (a built-in's, or another plugin's)."""
+
+
+class UnknownTrait(ConfigError):
+    """A registration that declares a trait its registry does not know (a typo: ``fault=``)."""
 
 
 def short(value: Any) -> str:
@@ -70,9 +79,12 @@ class Entry:
 class Registry:
     """Name → :class:`Entry` for one kind of thing (``kind`` names it in errors and help)."""
 
-    def __init__(self, kind: str, error: type[ConfigError] = ConfigError):
+    def __init__(self, kind: str, error: type[ConfigError] = ConfigError, traits: Mapping[str, str] | None = None):
+        """``traits``: the traits its entries may declare, each with one line of what it means (none
+        by default); :meth:`register` refuses any other."""
         self.kind = kind
         self.error = error
+        self.traits: Mapping[str, str] = MappingProxyType(dict(traits or {}))
         self.entries: dict[str, Entry] = {}
 
     def register(self, name: str, *, options: type = NoOptions, help: str = "", spec: str = "",
@@ -80,7 +92,15 @@ class Registry:
         """Decorator: register the decorated builder under ``name``. ``example``: how a short run
         uses it (the tests generated from the registries run every entry that way). ``traits``:
         what the entry declares about itself for its concept (an algorithm's fault support, a
-        topology's memory size), read by the one place that checks it."""
+        topology's memory size), read by the one place that checks it; one the registry does not
+        declare is refused here (:class:`UnknownTrait`)."""
+        for trait in traits:
+            if trait not in self.traits:
+                a = "an" if self.kind[:1] in "aeiou" else "a"
+                known = f"{a} {self.kind}'s traits are: {', '.join(self.traits)}" if self.traits \
+                    else f"{a} {self.kind} declares no traits"
+                raise UnknownTrait(f"{self.kind} '{short(name)}' declares an unknown trait '{short(trait)}'; {known}")
+
         def add(build: Callable) -> Callable:
             if name in self.entries:  # a plugin never shadows a built-in or another plugin
                 raise NameTaken(f"{self.kind} '{short(name)}' is already registered; choose another name")

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .blocks import Blocks
-from .codecs import BYTES_PER_VALUE, CODECS, _offsets, as_bytes, from_bytes, pack_codes, unpack_codes
+from .codec_base import BYTES_PER_VALUE, CODECS, as_bytes, from_bytes, pack_codes, tensor_offsets, unpack_codes
 from .registry import ConfigError, short
 
 BINS = 4  # 2-bit codes (Templar's quantization_bins)
@@ -132,7 +132,7 @@ class SparseLoCoCodec:
         block's row-major order, looked up in the table of every block's columns."""
         device = index.device
         if device not in self._positions:
-            offsets = _offsets(self.numels)
+            offsets = tensor_offsets(self.numels)
             table = torch.cat([b.positions(device).flatten() + o for b, o in zip(self.blocks, offsets)])
             start = torch.cat([torch.arange(b.count, device=device).repeat_interleave(b.k) * b.size + o
                                for b, o in zip(self.blocks, offsets)])  # each slot's block, in the table

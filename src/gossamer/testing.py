@@ -46,7 +46,6 @@ import torch
 
 from . import plugins
 from .config import load_config
-from .engines import wire
 from .registry import ConfigError
 
 # a fraction of a second in float64: 4 workers, 2 epochs of 6 steps, the MLP
@@ -408,7 +407,7 @@ def process_differences(plugin: str | None, cases: dict[str, list[str]], procs: 
         runs = dict(cases)
         (root / "cases.json").write_text(json.dumps({"plugin": plugin, "cases": runs}))
         done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                               str(procs), "-m", "gossamer.testing", str(root)], capture_output=True, text=True,
+                               str(procs), "-m", "gossamer.testing_processes", str(root)], capture_output=True, text=True,
                               timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if done.returncode != 0:
             failed = f"the {procs}-process launch failed: {launch_failure(done.stderr)[:300]}"
@@ -441,32 +440,7 @@ def launch_failure(stderr: str) -> str:
     return (ours or lines or ["(no output)"])[-1]
 
 
-def _train_on_processes(root: Path) -> None:
-    """Under torchrun: every case of ROOT/cases.json with engine dist into ROOT/NAME, its wire
-    reports into ROOT/wire-NAME-rank{R}.json; a case whose run fails (alike on every rank: the
-    entry raised) leaves its error line in ROOT/failed-NAME.txt, and the next case runs."""
-    from .cli import main
 
-    spec = json.loads((root / "cases.json").read_text())
-    plugins.load([spec["plugin"]] if spec["plugin"] else [])
-    for name, overrides in spec["cases"].items():
-        plugin = ["--plugin", spec["plugin"]] if spec["plugin"] else []
-        sets = [a for o in [*SHORT, *_samples(overrides), *overrides, "engine=dist"] for a in ("--set", o)]
-        os.environ[wire.ENV] = str(root / f"wire-{name}")
-        errors = io.StringIO()
-        with contextlib.redirect_stderr(errors):
-            code = main(["train", "--quiet", *plugin, "--out", str(root / name), *sets])
-        if code and int(os.environ.get("RANK", 0)) == 0:
-            lines = errors.getvalue().strip().splitlines()
-            (root / f"failed-{name}.txt").write_text(f"exit {code}: {lines[-1] if lines else ''}")
-
-
-def _samples(overrides: list[str]) -> list[str]:
-    try:
-        load_config(None, [*SHORT, MNIST1D_SAMPLES, *overrides])
-    except ConfigError:
-        return []
-    return [MNIST1D_SAMPLES]
 
 
 # ---------------------------------------------------------------- the kit
@@ -549,7 +523,3 @@ def check_plugin(spec: str, processes: bool = True, out: Callable[[str], None] =
             out(check.line())
             checks.append(check)
     return checks
-
-
-if __name__ == "__main__":  # under torchrun: python -m gossamer.testing ROOT
-    _train_on_processes(Path(sys.argv[1]))

@@ -37,7 +37,7 @@ import numpy as np
 
 from .registry import short
 from .rng import host_stream
-from .topology import (
+from .mixing import (
     TOPOLOGIES,
     Mixing,
     RandomRounds,

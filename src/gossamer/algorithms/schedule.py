@@ -36,7 +36,11 @@ import torch
 from ..engines.ledger import CONTROL, METRICS
 from ..registry import ConfigError, Registry
 
-ALGORITHMS = Registry("algorithm")
+ALGORITHMS = Registry("algorithm", traits={  # what each means; the one place that reads it
+    "faults": "the rejoin modes it runs with under faults.* (faults.REJOIN_MODES), read by faults.py",
+    "byzantine": "its Byzantine model: 'allreduce' (aggregated updates) or 'gossip' (exchanged models)",
+    "requires": "{key: value or (accepted, ...)}: the values it sets of other config keys (config.py)",
+    "requires_why": "why it sets them, for the error that refuses another value"})
 GRAD_NORM_EMA = 0.9  # β of the EMA of φ² unless the schedule says otherwise (consensus.ema)
 
 
