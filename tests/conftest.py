@@ -12,7 +12,7 @@ from launch import SMALL, finish, sets, spawn
 
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.report import reference_trajectory
+from gossamer.rundir import reference_trajectory
 from gossamer.train import build_run, train
 
 

@@ -9,6 +9,9 @@ or re-exported there). Importing ``pkg.sub`` runs ``pkg/__init__.py`` first, but
 is not counted: a package's ``__init__`` importing its own submodules (to register them) while a
 submodule imports a sibling is the normal layout; a submodule taking a *name* from its package's
 ``__init__`` is a cycle.
+
+And the size of the source: no module over :data:`MAX_FILE_LINES` lines, no function or method
+over :data:`MAX_FUNCTION_LINES` (issue 44) — a larger one is split along its seams.
 """
 
 import ast
@@ -19,6 +22,9 @@ PACKAGE = "gossamer"
 
 # Cycles that are known and not yet removed, each as the sorted tuple of its modules, with why.
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
+
+MAX_FILE_LINES = 600  # a source file's lines
+MAX_FUNCTION_LINES = 80  # a function's or method's, from its def to its last line (nested ones count in it too)
 
 
 def modules() -> dict[str, Path]:
@@ -146,3 +152,50 @@ def test_no_import_cycle():
     assert not new, "import cycles:\n" + "\n".join(new)
     gone = KNOWN_CYCLES - set(found)
     assert not gone, f"known cycles no longer there (remove them from KNOWN_CYCLES): {sorted(gone)}"
+
+
+
+def oversized(path: Path, shown: str) -> list[str]:
+    """What in one source file (``shown`` by that name) is over the limits: the file itself, and
+    every function or method by its qualified name, nested ones too, each "FILE[:LINE NAME]: N lines"."""
+    text, found = path.read_text(), []
+    lines = len(text.splitlines())
+    if lines > MAX_FILE_LINES:
+        found.append(f"{shown}: {lines} lines (at most {MAX_FILE_LINES})")
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = prefix
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}."
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = child.end_lineno - child.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{shown}:{child.lineno} {name[:-1]}: {length} lines (at most {MAX_FUNCTION_LINES})")
+            visit(child, name)
+
+    visit(ast.parse(text, filename=str(path)), "")
+    return found
+
+
+def test_the_size_check_names_a_long_file_and_a_long_method(tmp_path):
+    """A file over the limit and a method over it are named (the method as Class.method); a
+    function of exactly the limit is not."""
+    statements = [f"x = {k}" for k in range(MAX_FUNCTION_LINES - 1)]
+    fits = ["def fits():", *("    " + s for s in statements)]
+    long = ["class A:", "    def long(self):", *("        " + s for s in statements), "        return x"]
+    lines = [*fits, "", "", *long]
+    path = tmp_path / "big.py"
+    path.write_text("\n".join(lines + [""] * (MAX_FILE_LINES + 1 - len(lines))) + "\n")
+    assert oversized(path, "big.py") == [f"big.py: {MAX_FILE_LINES + 1} lines (at most {MAX_FILE_LINES})",
+                                         f"big.py:{len(fits) + 4} A.long: {MAX_FUNCTION_LINES + 1} lines "
+                                         f"(at most {MAX_FUNCTION_LINES})"]
+    path.write_text("\n".join(fits) + "\n")
+    assert oversized(path, "big.py") == []
+
+
+def test_no_source_file_or_function_is_too_long():
+    """Every module of src/gossamer at most MAX_FILE_LINES lines, every function and method at
+    most MAX_FUNCTION_LINES: each one over is named."""
+    found = [problem for path in modules().values() for problem in oversized(path, path.relative_to(SRC).as_posix())]
+    assert not found, "too long (split along the seams the code has):\n" + "\n".join(found)

@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gossamer import config as config_module
+from gossamer import config_yaml
 from gossamer import runner
 from gossamer.cli import main
 from gossamer.config import KINDS, Config, ConfigError, _fields, _section, load_config
@@ -91,7 +91,7 @@ def test_a_yaml_alias_bomb_is_refused(tmp_path, capsys):
 
 
 def test_a_config_too_large_without_aliases_names_the_size_limit(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(config_module, "MAX_YAML_NODES", 50)
+    monkeypatch.setattr(config_yaml, "MAX_YAML_NODES", 50)
     events = "".join(f"    - {{step: {k}, worker: 1, leave: true}}\n" for k in range(20))
     (tmp_path / "big.yaml").write_text("faults:\n events:\n" + events)
     message = one_line_error(capsys, ["train", str(tmp_path / "big.yaml"), "--quiet"], "more than 50 values",

@@ -11,6 +11,7 @@ from test_bad_input import one_line_error, sets
 
 from conftest import write_cifar
 from gossamer import models
+from gossamer import preflight
 from gossamer import topology as topology_module
 from gossamer import train as train_module
 from gossamer.config import SEED_LIMIT, ConfigError, load_config
@@ -30,7 +31,7 @@ def train_argv(tmp_path, *overrides: str) -> list[str]:
 
 
 def test_a_transformer_whose_attention_cannot_fit_is_refused_before_training(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(train_module, "free_memory", lambda: int(3.5 * GIB))
+    monkeypatch.setattr(preflight, "free_memory", lambda: int(3.5 * GIB))
     monkeypatch.setattr(train_module, "WorkerMatrix", never("the worker matrix was built"))
     one_line_error(capsys, train_argv(tmp_path, "dataset=text", "model=transformer", "context=4096", "workers=2",
                                       "batch_size=4"),
@@ -74,14 +75,14 @@ def test_every_model_has_a_footprint(tmp_path):
 @pytest.mark.parametrize("spec, n", [("erdos-renyi", 20000), ("complete", 20000), ("ring", 10**9),
                                      ("random-regular:100", 10**7)])
 def test_a_graph_that_cannot_fit_is_refused_before_it_is_built(capsys, monkeypatch, spec, n):
-    monkeypatch.setattr(topology_module, "free_memory", lambda: int(3.5 * GIB))
-    monkeypatch.setattr(topology_module, "Mixing", never("a mixing matrix was built"))
+    monkeypatch.setattr(topology_module.build, "free_memory", lambda: int(3.5 * GIB))
+    monkeypatch.setattr(topology_module.static, "Mixing", never("a mixing matrix was built"))
     one_line_error(capsys, ["topology", spec, "-n", str(n)], f"n = {n}", "-n", "workers", "GiB",
                    "3.5 GiB free", "at most n = ")
 
 
 def test_graphs_that_fit_are_built_and_the_bound_is_what_fits(monkeypatch):
-    monkeypatch.setattr(topology_module, "free_memory", lambda: int(3.5 * GIB))
+    monkeypatch.setattr(topology_module.build, "free_memory", lambda: int(3.5 * GIB))
     with pytest.raises(ConfigError) as refused:
         topology_module.build_topology("complete", 20000)
     fits = int(str(refused.value).split("at most n = ")[1].split()[0].rstrip(",;:"))
@@ -93,8 +94,8 @@ def test_graphs_that_fit_are_built_and_the_bound_is_what_fits(monkeypatch):
 
 
 def test_too_many_sampled_rounds_blame_rounds_not_workers(capsys, monkeypatch):
-    monkeypatch.setattr(topology_module, "free_memory", lambda: int(3.5 * GIB))
-    monkeypatch.setattr(topology_module, "Mixing", never("a mixing matrix was built"))
+    monkeypatch.setattr(topology_module.build, "free_memory", lambda: int(3.5 * GIB))
+    monkeypatch.setattr(topology_module.dynamic, "Mixing", never("a mixing matrix was built"))
     message = one_line_error(capsys, ["topology", "random-matching", "-n", "8", "--rounds", "100000000"],
                              "100,000,000 rounds", "--rounds", "3.5 GiB free", "at most --rounds ")
     assert "at most n" not in message
@@ -107,8 +108,8 @@ def test_the_dense_spectrum_of_a_directed_graph_is_refused_before_it_is_computed
     n = 20000
     (tmp_path / "directed.txt").write_text("".join(f"{i} -> {(i + 1) % n}\n" + f"{i} -> {(i + 2) % n}\n" * (i % 2 == 0)
                                                    for i in range(n)))
-    monkeypatch.setattr(topology_module, "free_memory", lambda: int(3.5 * GIB))
-    monkeypatch.setattr(topology_module.np.linalg, "eig", never("the dense spectrum was computed"))
+    monkeypatch.setattr(topology_module.build, "free_memory", lambda: int(3.5 * GIB))
+    monkeypatch.setattr(np.linalg, "eig", never("the dense spectrum was computed"))
     one_line_error(capsys, ["topology", f"edges:{tmp_path / 'directed.txt'}", "-n", str(n)],
                    "the spectral gap of directed topology", f"n = {n}", "-n", "at most n = ")
 

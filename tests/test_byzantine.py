@@ -392,16 +392,16 @@ def test_the_clean_reference_is_the_plain_run_and_measures_the_honest_workers_di
 def test_a_byzantine_gossip_round_that_cannot_fit_is_refused_naming_the_topology(monkeypatch):
     """The round holds [n, K, d] neighbours' rows: the complete graph of 4 workers needs 3·4·4·d
     values; with less memory free than that the run is refused in one line, a ring's fits."""
-    import gossamer.train as train_module
+    import gossamer.preflight as preflight
     from gossamer.registry import ConfigError
 
     cfg = load_config(None, [*SHORT, "num_samples=1000", "algorithm=gossip", "topology=complete",
                              "byzantine.workers=[0]", "byzantine.attack=ipm"])
     d = build_run(load_config(None, [*SHORT, "num_samples=1000"])).workers.d
-    monkeypatch.setattr(train_module, "free_memory", lambda: 3 * 4 * 4 * d * 8 - 1)
+    monkeypatch.setattr(preflight, "free_memory", lambda: 3 * 4 * 4 * d * 8 - 1)
     with pytest.raises(ConfigError, match="sparser topology"):
         build_run(cfg)
-    monkeypatch.setattr(train_module, "free_memory", lambda: 3 * 4 * 3 * d * 8 + 10**6)
+    monkeypatch.setattr(preflight, "free_memory", lambda: 3 * 4 * 3 * d * 8 + 10**6)
     build_run(load_config(None, [*SHORT, "num_samples=1000", "algorithm=gossip", "topology=ring",
                                  "byzantine.workers=[0]", "byzantine.attack=ipm"]))
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gossamer import report
+from gossamer import rundir
 from gossamer.cli import main
 from conftest import assert_same_state
 
@@ -41,13 +41,13 @@ def assert_same_run(a: Path, b: Path) -> None:
 
 def stop_with(signum: int, at_step: int, monkeypatch) -> None:
     """Deliver ``signum`` to this process while step ``at_step``'s row is written (mid-run)."""
-    real = report.RunDir.row
+    real = rundir.RunDir.row
 
     def row(self, r):
         real(self, r)
         if r["step"] == at_step:
             signal.raise_signal(signum)
-    monkeypatch.setattr(report.RunDir, "row", row)
+    monkeypatch.setattr(rundir.RunDir, "row", row)
 
 
 # the command line's stop, files and resume; every combination of algorithm, codec and optimizer
@@ -126,15 +126,15 @@ def test_sigint_stops_with_130_and_a_second_resume_of_a_finished_run_is_refused(
 KILLED_AT = 14
 WAIT_FOR_SIGKILL = f"""
 import sys, time
-from gossamer import report
+from gossamer import rundir
 from gossamer.cli import main
-row = report.RunDir.row
+row = rundir.RunDir.row
 def row_then_wait(self, values):
     row(self, values)
     if values["step"] == {KILLED_AT}:
         print("ready", flush=True)
         time.sleep(600)
-report.RunDir.row = row_then_wait
+rundir.RunDir.row = row_then_wait
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -207,13 +207,13 @@ def test_a_users_config_in_out_is_never_replaced(tmp_path, capsys, monkeypatch):
 def test_files_are_written_atomically(tmp_path, monkeypatch):
     """A crash inside a write leaves the previous file whole and no temporary behind."""
     target = tmp_path / "f.json"
-    report.write_atomic(target, lambda f: f.write(b"old"))
+    rundir.write_atomic(target, lambda f: f.write(b"old"))
 
     def crash(f):
         f.write(b"half")
         raise OSError("disk gone")
     with pytest.raises(OSError):
-        report.write_atomic(target, crash)
+        rundir.write_atomic(target, crash)
     assert target.read_bytes() == b"old"
 
 

@@ -9,7 +9,7 @@ import torch
 
 from cases import SHORT
 from gossamer.cli import main
-from gossamer.report import load_checkpoint, read_summary
+from gossamer.rundir import load_checkpoint, read_summary
 
 BASE = [o for o in SHORT if not o.startswith("lr=")]  # lr is swept
 
@@ -226,7 +226,7 @@ def test_a_ctrl_c_while_the_workers_start_is_held_and_delivered_after_not_lost()
     import sys
     import threading
 
-    from gossamer.repro import _ctrl_c_held
+    from gossamer.repro.runner import _ctrl_c_held
 
     child, reached = None, []
     inherited = signal.signal(signal.SIGINT, signal.default_int_handler)  # were it ignored here

@@ -229,7 +229,7 @@ def test_every_round_is_doubly_stochastic_and_a_function_of_seed_and_round(spec,
 
 
 def test_a_random_round_is_checked_as_it_is_drawn(monkeypatch):
-    import gossamer.topology_dynamic as dynamic
+    import gossamer.topology.dynamic as dynamic
 
     topo = build_topology("random-matching", 6, seed=0, rounds=2)
     # worker 1 takes all of worker 0's model: columns sum to 1, rows 0 and 2
@@ -402,7 +402,7 @@ def test_the_sample_size_does_not_change_a_run(monkeypatch):
     cfg = _config("algorithm=gossip", "topology=random-matching", "topology_seed=7")
     states = []
     for rounds in (32, 2):
-        monkeypatch.setattr(topology_module, "SAMPLE_ROUNDS", rounds)
+        monkeypatch.setattr(topology_module.build, "SAMPLE_ROUNDS", rounds)
         saved = {}
         train(cfg, build_run(cfg), on_checkpoint=lambda s: saved.update(last=s))
         states.append(saved["last"]["rows"]["X"].clone())
@@ -424,7 +424,7 @@ def _through_bytes(state):
     ("gossip", "base:1", 6, 3),  # base:1 on 6 workers: a period of 4, stopped mid-period
 ])
 def test_a_run_resumed_mid_sequence_is_the_straight_run(algorithm, spec, workers, stop, monkeypatch):
-    monkeypatch.setattr(topology_module, "SAMPLE_ROUNDS", 2)  # rounds past 2 are drawn afresh, before and after the stop
+    monkeypatch.setattr(topology_module.build, "SAMPLE_ROUNDS", 2)  # rounds past 2 are drawn afresh, before and after the stop
     cfg = _config(f"algorithm={algorithm}", f"topology={spec}", f"workers={workers}", "checkpoint_every=0.01")
     rows, saved = [], {}
 
@@ -447,7 +447,7 @@ def test_above_the_dense_limit_the_measures_are_sparse_or_absent(monkeypatch):
     eigenvalue iteration; the rotation-invariant estimate (dense per round) is left out."""
     small = {spec: build_topology(spec, 24, seed=1) for spec in ("random-matching", "equidyn", "base:2")}
     dense = {spec: analyse(topo) for spec, topo in small.items()}
-    monkeypatch.setattr(topology_module, "DENSE_MAX", 8)
+    monkeypatch.setattr(topology_module.analysis, "DENSE_MAX", 8)
     sparse = {spec: analyse(topo) for spec, topo in small.items()}
     assert sparse["random-matching"]["spectral_gap"] == pytest.approx(dense["random-matching"]["spectral_gap"], rel=1e-6)
     assert sparse["random-matching"]["effective_neighbours"] == dense["random-matching"]["effective_neighbours"]

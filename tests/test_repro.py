@@ -10,9 +10,9 @@ import yaml
 from conftest import write_cifar
 from gossamer.cli import main
 from gossamer.config import load_config
-from gossamer.report import read_summary
-from gossamer.repro import (KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, LOWCOMM_NETWORKS, PAPER_CONFIGS, SUITES, _slug,
-                            build_suite)
+from gossamer.rundir import read_summary
+from gossamer.repro import (KONG_CIFAR, LIN_CIFAR, LIN_NETWORKS, LOWCOMM_NETWORKS, PAPER_CONFIGS, SUITES, build_suite,
+                            slug)
 
 
 @pytest.mark.parametrize("suite", sorted(SUITES))
@@ -70,10 +70,10 @@ def test_quick_suite_writes_results_and_plot(suite, tmp_path, capsys):
     if suite == "low-communication":  # DiLoCo sends the model every H steps; the chain ~1/27 of that
         fast, slow = LOWCOMM_NETWORKS[1], LOWCOMM_NETWORKS[0]
         for variant in (v.name for v in build_suite(suite, "cpu", quick=True).variants if v.name.endswith(fast)):
-            a, b = (read_summary(out / f"{_slug(v)}-seed3") for v in (variant, variant.replace(fast, slow)))
+            a, b = (read_summary(out / f"{slug(v)}-seed3") for v in (variant, variant.replace(fast, slow)))
             assert untimed(a) == untimed(b)
             assert b["sim_seconds"] > a["sim_seconds"] > 0
-        plain = read_summary(out / f"{_slug('DiLoCo H=2 on ' + fast)}-seed3")
+        plain = read_summary(out / f"{slug('DiLoCo H=2 on ' + fast)}-seed3")
         assert mean("DiLoCo H=2", "× fewer bytes") == plain["steps"] / plain["comm_rounds"]
         assert mean("DiLoCo H=2 + ef-top-k:0.03+quant:2", "MB/worker") < mean("DiLoCo H=2", "MB/worker") / 5
 
@@ -97,7 +97,7 @@ def the_network_changes_time_not_training(out, table: str) -> None:
     slow one; control's extra rounds cost seconds."""
     fast, slow = LIN_NETWORKS
     for variant in (v for v in build_suite("time-to-accuracy", "cpu", quick=True).variants if v.name.endswith(fast)):
-        a, b = (json.loads((out / f"{_slug(v)}-seed3" / "summary.json").read_text())
+        a, b = (json.loads((out / f"{slug(v)}-seed3" / "summary.json").read_text())
                 for v in (variant.name, variant.name.replace(fast, slow)))
         assert untimed(a) == untimed(b)
         assert b["sim_seconds"] > a["sim_seconds"] > 0 and b["sim_seconds_to_target"] >= a["sim_seconds_to_target"]
@@ -207,7 +207,7 @@ def test_a_run_that_diverges_stops_alone_and_the_tables_say_so(tmp_path):
 
     logged = []
     results = run_suite("byzantine", tmp_path, 1, True, train_or_diverge, log=logged.append, jobs=2).read_text()
-    assert "training diverged" in (tmp_path / f"{_slug(VICTIM)}-seed0" / DIVERGED).read_text()
+    assert "training diverged" in (tmp_path / f"{slug(VICTIM)}-seed0" / DIVERGED).read_text()
     assert any("diverged" in line for line in logged)
     assert "(1/1 diverged)" in results
     assert f"| {VICTIM} | ring, gossip, no attack | diverged | — | — |" in results
@@ -223,7 +223,7 @@ def train_or_diverge(cfg, out):
 
     from gossamer.cli import train_suite_run
 
-    train_suite_run(replace(cfg, lr=1e6) if out.name.startswith(_slug(VICTIM)) else cfg, out)
+    train_suite_run(replace(cfg, lr=1e6) if out.name.startswith(slug(VICTIM)) else cfg, out)
 
 
 def test_runs_trained_in_worker_processes_are_the_runs_trained_one_by_one(tmp_path):
@@ -268,7 +268,7 @@ def test_a_suite_whose_run_diverged_reports_the_seeds_where_none_did(tmp_path, n
     victim = build_suite(name, "cpu", True).variants[-1].name
 
     def train_run(cfg, out):
-        bad = out.name == f"{_slug(victim)}-seed1"
+        bad = out.name == f"{slug(victim)}-seed1"
         run_training(replace(cfg, lr=1e6) if bad else cfg, out, overwrite=True, progress=False)
     results = run_suite(name, tmp_path, 2, True, train_run, log=lambda line: None).read_text()
     assert f"- {victim}, seed 1: training diverged" in results

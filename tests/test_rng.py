@@ -128,7 +128,7 @@ def test_a_stream_is_drawn_with_its_keys_and_a_name_is_declared_once():
 OWN_SEEDS = {
     ("train.py", "torch.manual_seed(cfg.seed)"): "the model's initialisation: PyTorch's initialisers read the global generator",
     ("train.py", "default_generator.manual_seed(cfg.seed)"): "the same on the cpu, leaving the cuda generators alone",
-    ("topology.py", "np.random.default_rng(0)"): "the start vector of a graph's spectral analysis, the same for every run",
+    ("analysis.py", "np.random.default_rng(0)"): "the start vector of a graph's spectral analysis, the same for every run",
     ("mixing.py", "np.random.default_rng(0)"): "the start vector of a mixing matrix's norm (its sparse iteration), the same for every run",
     ("testing.py", "torch.manual_seed(cfg.seed if seed is None else seed)"):
         "the conformance kit's user loop: the model's initialisation as train.py seeds it",

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gossamer import report, runner
+from gossamer import rundir, runner
 from gossamer.cli import main
 from test_durable import rows, stop_with, summary
 
@@ -113,14 +113,14 @@ def test_a_second_run_into_a_folder_in_use_is_refused_at_once(tmp_path, capsys, 
     straight, out = tmp_path / "straight", tmp_path / "run"
     assert train(straight) == 0
     assert train(out, "seed=1") == 0
-    real, at_step_3, go_on = report.RunDir.row, threading.Event(), threading.Event()
+    real, at_step_3, go_on = rundir.RunDir.row, threading.Event(), threading.Event()
 
     def row(self, r):
         real(self, r)
         if r["step"] == 3 and threading.current_thread().name == "first":
             at_step_3.set()
             go_on.wait(60)
-    monkeypatch.setattr(report.RunDir, "row", row)
+    monkeypatch.setattr(rundir.RunDir, "row", row)
     first_code = []
     first = threading.Thread(target=lambda: first_code.append(train(out, flags=["--overwrite"])), name="first")
     first.start()
@@ -156,7 +156,7 @@ def test_signals_inside_the_swap_wait_for_its_end(tmp_path, capsys, monkeypatch,
     """Two Ctrl-C while the new run's first checkpoint moves it into place: the swap completes,
     then the run stops after one more step, resumable."""
     out = copy_run(finished, tmp_path / "run")
-    real_replace, real_swap_in = os.replace, report.swap_in
+    real_replace, real_swap_in = os.replace, rundir.swap_in
 
     def swap_in(*args):
         def replace(src, dst):  # a signal at each of the first two moves
@@ -166,9 +166,9 @@ def test_signals_inside_the_swap_wait_for_its_end(tmp_path, capsys, monkeypatch,
             real_replace(src, dst)
         moves = []
         with monkeypatch.context() as m:
-            m.setattr(report.os, "replace", replace)
+            m.setattr(rundir.os, "replace", replace)
             real_swap_in(*args)
-    monkeypatch.setattr(report, "swap_in", swap_in)
+    monkeypatch.setattr(rundir, "swap_in", swap_in)
     assert train(out, "seed=1", "epochs=2", flags=["--overwrite"]) == 130
     assert one_line(capsys.readouterr().err, "SIGINT", f"gossamer train --resume {out}")
     assert {p.name for p in out.iterdir()} == {"config.yaml", "metrics.jsonl", "checkpoint.pt", ".gossamer-run"}
@@ -194,8 +194,8 @@ def test_a_swap_killed_at_any_point_is_restored_or_finished_at_the_next_start(tm
     real = os.replace
     for kill_at in range(1, 20):
         out = copy_run(finished, tmp_path / f"run{kill_at}")
-        lock = report.RunLock(out, "--out")
-        shutil.copytree(new, out / report.STAGING)
+        lock = rundir.RunLock(out, "--out")
+        shutil.copytree(new, out / rundir.STAGING)
         calls = []
 
         def replace(src, dst):
@@ -203,17 +203,17 @@ def test_a_swap_killed_at_any_point_is_restored_or_finished_at_the_next_start(tm
             if len(calls) == kill_at:
                 raise Killed
             real(src, dst)
-        monkeypatch.setattr(report.os, "replace", replace)
+        monkeypatch.setattr(rundir.os, "replace", replace)
         try:
-            report.swap_in(out, report.written(out))
+            rundir.swap_in(out, rundir.written(out))
         except Killed:
             killed = True
         else:
             killed = False
-        monkeypatch.setattr(report.os, "replace", real)
+        monkeypatch.setattr(rundir.os, "replace", real)
         os.close(lock._fd)  # a killed process lets go of its lock, removes nothing
         capsys.readouterr()
-        report.RunLock(out, "--out").release()  # the next start
+        rundir.RunLock(out, "--out").release()  # the next start
         err = capsys.readouterr().err
         assert files(out) in (old_files, new_files), kill_at
         restored = files(out) == old_files
@@ -227,10 +227,10 @@ def test_a_swap_killed_at_any_point_is_restored_or_finished_at_the_next_start(tm
 
 KILL = """
 import os, sys
-from gossamer import report
+from gossamer import rundir
 from gossamer.cli import main
 
-real_replace, real_swap_in = os.replace, report.swap_in
+real_replace, real_swap_in = os.replace, rundir.swap_in
 
 
 def swap_in(*args):  # the process dies (SIGKILL-like: no clean-up) at the K-th move of the swap
@@ -241,11 +241,11 @@ def swap_in(*args):  # the process dies (SIGKILL-like: no clean-up) at the K-th 
         if len(moves) == int(os.environ["KILL_AT"]):
             os._exit(9)
         real_replace(src, dst)
-    report.os.replace = replace
+    rundir.os.replace = replace
     real_swap_in(*args)
 
 
-report.swap_in = swap_in
+rundir.swap_in = swap_in
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -359,7 +359,7 @@ def test_resume_if_exists_on_a_finished_run_reports_it_and_exits_0(tmp_path, cap
     assert resume(out, "epochs=2") == 2  # an explicit --resume of a finished run still says so
 
 
-@pytest.mark.parametrize("left", [[report.MARKER], [report.MARKER, "metrics.jsonl"], [report.MARKER, "config.yaml"]])
+@pytest.mark.parametrize("left", [[rundir.MARKER], [rundir.MARKER, "metrics.jsonl"], [rundir.MARKER, "config.yaml"]])
 def test_resume_if_exists_starts_in_a_folder_holding_only_a_runs_start_up_files(tmp_path, finished, left):
     """A process killed right after writing its first files (no checkpoint): every restart starts there."""
     out = tmp_path / "run"
@@ -555,7 +555,7 @@ def test_the_stop_names_the_signal_another_process_received(tmp_path):
     received = {"0": [], "1": [signal.SIGINT]}
     errors = {}
     out = tmp_path / "run"
-    run_dir = report.RunDir(out)
+    run_dir = rundir.RunDir(out)
 
     def rank(r):
         try:

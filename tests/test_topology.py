@@ -1,25 +1,26 @@
 import ast
 import inspect
 import math
+from pathlib import Path
 
 import networkx as nx
 import numpy as np
 import pytest
 
-from gossamer import topology_dynamic
+from gossamer import topology as topology_package
 from gossamer.rng import stream_seed
 from gossamer.topology import (
     TOPOLOGIES,
     Mixing,
     Topology,
     TopologyError,
-    _check_stochastic,
     analyse,
     build_topology,
     graph_bytes,
     metropolis_hastings,
     spectral_gap,
 )
+from gossamer.topology.build import _check_stochastic
 
 NS = [1, 2, 4, 8, 9, 16, 25, 32]
 
@@ -286,13 +287,13 @@ def test_circulant_spectra_in_closed_form_equal_the_dense_ones(spec, n):
 
 
 def test_graphs_that_are_not_circulant_use_a_sparse_iteration_for_large_n(monkeypatch):
-    import gossamer.topology as topology
+    from gossamer.topology import analysis
 
     for spec in ("torus", "random-regular:3"):
         topo = build_topology(spec, 36, seed=2)
         assert topo.mixing(0).spectrum is None
         dense = spectral_gap(topo)
-        monkeypatch.setattr(topology, "DENSE_MAX", 8)
+        monkeypatch.setattr(analysis, "DENSE_MAX", 8)
         assert spectral_gap(topo) == pytest.approx(dense, abs=1e-9)
         monkeypatch.undo()
 
@@ -380,7 +381,7 @@ def test_directed_graphs_must_be_strongly_connected(tmp_path):
 
 
 # graph_bytes(spec, n) at n = 1, 8, 96, 1000, and at n = 96 with a sample of 5 rounds, as computed
-# when the sizes were tables in topology.py (SIZES, PER_ROUND), before they moved to the traits
+# when the sizes were tables in the one module topology.py (SIZES, PER_ROUND), before they moved to the traits
 # every topology is registered with. FILE: 200 bytes of edge list.
 GRAPH_BYTES = {
     "complete": (96, 6144, 884736, 96000000, 884736),
@@ -420,10 +421,13 @@ def test_every_topology_declares_its_size_and_graph_bytes_keeps_its_numbers(tmp_
         assert got == expected, spec
 
 
-def test_topology_dynamic_imports_no_private_names_of_topology():
-    tree = ast.parse(inspect.getsource(topology_dynamic))
-    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
-                and node.module in ("mixing", "topology", "gossamer.mixing", "gossamer.topology")
-                for alias in node.names]
-    assert "TOPOLOGIES" in imported  # the import was found
-    assert [name for name in imported if name.startswith("_")] == []
+def test_no_module_of_the_topology_package_imports_a_private_name_of_another():
+    """What two modules of ``gossamer.topology`` share is public (with a docstring): no module takes an
+    underscore name from a sibling (``from .build import _x``, or the same written absolute)."""
+    package = Path(inspect.getfile(topology_package)).parent
+    imports = [(path.name, node) for path in sorted(package.glob("*.py"))
+               for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+               if isinstance(node, ast.ImportFrom)
+               and (node.level == 1 or node.level == 0 and (node.module or "").startswith("gossamer.topology"))]
+    assert {name for name, _ in imports} == {"__init__.py", "analysis.py", "build.py", "dynamic.py", "static.py"}
+    assert [f"{name}: {alias.name}" for name, node in imports for alias in node.names if alias.name.startswith("_")] == []

@@ -72,12 +72,12 @@ def test_t_quantiles_match_their_closed_forms_and_tables():
 def test_the_interval_over_seeds_and_the_paired_difference(tmp_path):
     assert mean_ci([1.0, 2.0, 3.0]) == pytest.approx((2.0, t_quantile(0.975, 2) / math.sqrt(3)), rel=1e-14)
     assert mean_ci([0.5]) == (0.5, None)
-    suite = repro.Suite("t", [], repro._against(repro.Variant("base", [], 4), [repro.Variant("v", [], 4)]))
+    suite = repro.Suite("t", [], repro.against(repro.Variant("base", [], 4), [repro.Variant("v", [], 4)]))
     for name, accuracies in (("base", (0.40, 0.45, 0.65)), ("v", (0.50, 0.60, 0.70))):
         for seed, acc in zip((7, 8, 9), accuracies):
             (tmp_path / f"{name}-seed{seed}").mkdir()
             (tmp_path / f"{name}-seed{seed}" / "summary.json").write_text(json.dumps({"test_accuracy": acc}))
-    table = repro._paired_section(suite, tmp_path, range(7, 10))
+    table = repro.paired_section(suite, tmp_path, range(7, 10))
     # Δ = 10, 15, 5 points: mean 10, s = 5, half-width t_{0.975,2}·5/√3 = 12.42
     assert "| v | base | +10.00, +15.00, +5.00 | +10.00 ± 12.42 | no |" in table
     assert "Δ per seed (7, 8, 9)" in table and "95% Student t" in table
@@ -108,7 +108,8 @@ def _fake_training(val: dict, test: dict, diverge=(), trained=None):
 
 
 def test_tuning_picks_the_best_validation_value_and_never_reads_test_metrics(tmp_path, monkeypatch):
-    monkeypatch.setattr(repro, "read_summary", lambda path: _Guarded(json.loads((path / "summary.json").read_text())))
+    monkeypatch.setattr(repro.runner, "read_summary",  # where tune reads the summaries
+                        lambda path: _Guarded(json.loads((path / "summary.json").read_text())))
     suite = repro.build_suite("ring-scaling", quick=True)
     grid, trained = [0.001, 0.002, 0.004, 0.008], []
     val = {0.001: 0.5, 0.002: 0.7, 0.004: 0.6, 0.008: 0.9}  # 0.008 diverges: 0.002 wins on validation,
@@ -133,14 +134,14 @@ def test_tuning_a_language_model_minimises_the_validation_loss(tmp_path):
 
 
 def test_repro_runs_the_seeds_from_first_seed_at_the_tuned_rate(tmp_path, monkeypatch):
-    monkeypatch.setattr(repro, "_consensus_report", lambda suite, configs, out, seeds: "(the suite's tables)\n")
+    monkeypatch.setattr(repro.runner, "consensus_report", lambda suite, configs, out, seeds: "(the suite's tables)\n")
     trained = []
     val, test = {0.001: 0.6, 0.002: 0.8}, {0.001: 0.9, 0.002: 0.1}
     out = tmp_path / "suite"
     results = repro.run_suite("ring-scaling", out, 2, True, _fake_training(val, test, trained=trained), log=lambda m: None,
                               first_seed=3, tune_grid="lr=[0.001,0.002]")
     final = [(c, d) for c, d in trained if d.parent == out]
-    assert sorted(d.name for _, d in final) == sorted(f"{repro._slug(v.name)}-seed{s}" for v in
+    assert sorted(d.name for _, d in final) == sorted(f"{repro.slug(v.name)}-seed{s}" for v in
                                                       repro.build_suite("ring-scaling", quick=True).variants
                                                       for s in (3, 4))
     assert {(c.seed, c.lr, c.validation_fraction) for c, _ in final} == {(3, 0.002, None), (4, 0.002, None)}

@@ -135,7 +135,7 @@ def run(config: dict | str | Path | Config, model: Callable[[], nn.Module] | nn.
 def load(path: str | Path) -> Result:
     """The :class:`Result` of a run directory (its config.yaml, metrics.jsonl, summary.json and
     the worker matrix of its last checkpoint)."""
-    from .report import load_checkpoint, read_rows, read_summary, saved_config
+    from .rundir import load_checkpoint, read_rows, read_summary, saved_config
 
     path = Path(path)
     return Result(saved_config(path), read_rows(path), read_summary(path), load_checkpoint(path)["rows"]["X"], path)

@@ -22,13 +22,14 @@ from .outer import OUTER_OPTIMIZERS
 from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
 from .registry import short
 from .network import PRESETS, NetworkConfig
-from .report import (AXES, COMPARED, LOCK, MARKER, RunLock, axis_table, comparison_table, plot_runs, read_summary,
-                     saved_config)
+from .plots import plot_runs
+from .report import AXES, COMPARED, axis_table, comparison_table
 from .repro import SCALES, SUITES, run_suite
 from .topology import DECAY, SAMPLE_ROUNDS, TOPOLOGIES, analyse, build_topology
 from .train import Diverged
 # one run into its directory, shared with gossamer.run (re-exported: gossamer.cli.run_training)
 from .runner import Finished, Stopped, run_training
+from .rundir import LOCK, MARKER, RunLock, read_summary, saved_config
 from .version import package_version
 
 
@@ -155,7 +156,7 @@ def _train_many(args) -> int:
     run ``gossamer train --set seed=S --set KEY=V`` writes; trained in J worker processes."""
     from itertools import product
 
-    from .repro import DIVERGED, Job, _slug, estimate_work, parse_grid, train_all
+    from .repro import DIVERGED, Job, estimate_work, parse_grid, slug, train_all
 
     if args.resume or args.resume_if_exists:
         raise ConfigError("--seeds, --sweep and --jobs train new runs; resume each run directory on its own "
@@ -188,7 +189,7 @@ def _train_many(args) -> int:
     for seed in range(first, first + seeds):
         for values in product(*(grid for _, grid in grids)):
             chosen = [f"{key}={value}" for key, value in zip(keys, values)]
-            name = "-".join([f"seed-{seed}", *(f"{_slug(k)}-{_slug(str(v))}" for k, v in zip(keys, values))])
+            name = "-".join([f"seed-{seed}", *(f"{slug(k)}-{slug(str(v))}" for k, v in zip(keys, values))])
             if names.setdefault(name, chosen) != chosen:
                 raise ConfigError(f"--sweep: {' '.join(names[name])} and {' '.join(chosen)} would share the run "
                                   f"folder '{name}'; sweep values that differ in more than / and - and spaces")
@@ -328,12 +329,12 @@ def demo_story(summaries: dict[str, dict], phase1_xi_sq: dict[str, float]) -> li
 def cmd_demo(args) -> int:
     """32 workers on MNIST-1D: All-Reduce, D-SGD on a ring, and D-SGD with phase-1 consensus
     control; a comparison table and what it shows."""
-    from .repro import _base, phase_means
+    from .repro import cpu_base, phase_means
 
     out = Path(args.out) if args.out else _default_out("demo")
     epochs = args.epochs if args.epochs is not None else DEMO_EPOCHS
     _positive("--epochs", epochs)
-    base = [*_base(False, epochs), "num_samples=10000", f"workers={DEMO_WORKERS}", f"eval_every={epochs}"]
+    base = [*cpu_base(False, epochs), "num_samples=10000", f"workers={DEMO_WORKERS}", f"eval_every={epochs}"]
     summaries, phase1 = {}, {}
     for name, overrides in demo_runs(out).items():
         cfg = load_config(None, [*base, *overrides])
@@ -399,7 +400,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="gossamer", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"gossamer {package_version()}")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_train(sub)
+    _add_check_plugin(sub)
+    _add_topology(sub)
+    _add_compare(sub)
+    _add_plot(sub)
+    _add_demo(sub)
+    _add_repro(sub)
+    return p
 
+
+def _add_train(sub) -> None:
+    """``gossamer train``: one run, or --seeds/--sweep runs, from a config and overrides."""
     t = sub.add_parser("train", help="train n workers from a YAML config and --set overrides",
                        epilog=_registry_help(), formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("config", nargs="?", type=_path, help="YAML config file (defaults apply to missing keys)")
@@ -427,12 +439,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train --seeds/--sweep runs in J worker processes, the cores shared out (default 1)")
     t.set_defaults(func=cmd_train)
 
+
+def _add_check_plugin(sub) -> None:
+    """``gossamer check-plugin``: the conformance checks of a plugin's entries."""
     k = sub.add_parser("check-plugin", help="run gossamer's conformance checks on every entry a plugin registers "
                        "(exact resume, no host reads in the hot path, the traffic ledger, 2-process parity)")
     k.add_argument("plugin", type=_path, help="the plugin: a .py file or a module")
     k.add_argument("--no-processes", action="store_true", help="skip the 2-process (gloo) parity check")
     k.set_defaults(func=cmd_check_plugin)
 
+
+def _add_topology(sub) -> None:
+    """``gossamer topology``: the analysis of a mixing matrix."""
     g = sub.add_parser("topology", help="mixing matrix analysis: spectral gap, p, rounds to halve, expected "
                        "contraction, effective number of neighbours")
     g.add_argument("name", help=TOPOLOGIES.choices())
@@ -451,12 +469,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model size in float32 values for --network (default 1,000,000)")
     g.set_defaults(func=cmd_topology)
 
+
+def _add_compare(sub) -> None:
+    """``gossamer compare``: a table of finished runs."""
     c = sub.add_parser("compare", help="table of finished runs")
     c.add_argument("runs", nargs="+", type=_path, help="run directories")
     c.add_argument("--x", choices=list(AXES), help="along steps, epochs, simulated time or bytes sent: length, to target, and "
                    "the test metric at the shortest run's length")
     c.set_defaults(func=cmd_compare)
 
+
+def _add_plot(sub) -> None:
+    """``gossamer plot``: a metric of runs in one PNG."""
     pl = sub.add_parser("plot", help="test accuracy (or another metric) of runs against simulated time, bytes sent, steps or "
                         "epochs, in one PNG")
     pl.add_argument("runs", nargs="+", type=_path, help="run directories")
@@ -466,6 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     pl.set_defaults(func=cmd_plot)
 
+
+def _add_demo(sub) -> None:
+    """``gossamer demo``: three runs side by side."""
     d = sub.add_parser("demo", help="All-Reduce, a ring, and a ring with phase-1 consensus control: 32 workers, "
                        "MNIST-1D (about a minute)")
     d.add_argument("--out", type=_path, help="where the three runs go (default runs/demo-TIME)")
@@ -473,6 +500,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--overwrite", action="store_true")
     d.set_defaults(func=cmd_demo)
 
+
+def _add_repro(sub) -> None:
+    """``gossamer repro``: a suite of the papers' experiments."""
     r = sub.add_parser("repro", help="the papers' experiments: " + ", ".join(SUITES))
     r.add_argument("suite", choices=list(SUITES))
     r.add_argument("--scale", choices=SCALES, default="cpu",
@@ -494,7 +524,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train the runs in J worker processes, the cores shared out among them (default 1: one "
                         "after another in this process)")
     r.set_defaults(func=cmd_repro)
-    return p
 
 
 def cmd_check_plugin(args) -> int:

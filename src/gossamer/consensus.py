@@ -7,7 +7,7 @@ the budget runs out it either falls back to an exact all-reduce (Ξ = 0) or cont
 The paper's target is "c × φ_t^ema", which reads two ways; both are here:
 - ``run:DIR``: c × the consensus distance that *uncontrolled* D-SGD had at the same step of an
   earlier run, smoothed by an EMA — a reference recorded beforehand (its Ξ_t² by step is read
-  from the run directory by :func:`gossamer.report.reference_trajectory` and handed in here);
+  from the run directory by :func:`gossamer.rundir.reference_trajectory` and handed in here);
 - ``gradient``: c × η_t · sqrt(EMA of φ_t²) / p, with φ_t² = (1/n) Σ_i ‖∇f_i(x_i)‖² — the typical
   distance Ξ² = O((1 − p) η² (φ² + σ²) / p²) scaled to a distance, computable on the fly.
 ``constant`` keeps Ξ ≤ a fixed value.
@@ -122,7 +122,7 @@ def build_target(c: ConsensusConfig, p: float, reference: list[float] | None = N
         return lambda step: c.factor * step.lr * math.sqrt(step.grad_norm_sq_ema) / p
     if reference is None:
         raise ConfigError(f"consensus.target {c.target[:100]} needs the reference run's Ξ² by step "
-                          f"(gossamer.report.reference_trajectory)")
+                          f"(gossamer.rundir.reference_trajectory)")
     trajectory = ema([math.sqrt(max(v, 0.0)) for v in reference], c.ema)
 
     def target(step: Step) -> float:

@@ -18,7 +18,7 @@ import torch
 
 from .checkpoint import check_checkpoint, check_fits, restore
 from .registry import ConfigError
-from .report import RunDir, RunLock, load_checkpoint, read_rows, read_summary, reference_trajectory
+from .rundir import RunDir, RunLock, load_checkpoint, read_rows, read_summary, reference_trajectory
 from .train import Diverged, Interrupted, Progress, build_run, summarize, train
 
 

@@ -13,12 +13,11 @@ every evaluation; between them the step takes no host synchronisation of its own
 from __future__ import annotations
 
 import copy
-import inspect
 import math
 import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, NamedTuple
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,16 +32,14 @@ from .data import Dataset, load_dataset
 from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_indices, steps_per_epoch, validation_split
 from .engines import Engine, build_engine
 from .faults import Faults
-from .models import Footprint, build_model, footprint, hidden_matrices, no_decay_mask
+from .models import Footprint, build_model, hidden_matrices, no_decay_mask
 from .network import Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
-from .registry import short
+from .preflight import check_data, check_local_repair, check_memory, check_robust_gossip_memory, check_target
 from .rng import host_stream
-from .sharpness import HVP_CHUNK, model_sharpness, training_subset
-from .sharpness import SAMPLES as SHARPNESS_SAMPLES
+from .sharpness import model_sharpness, training_subset
 from .tasks import TASKS, Task
-from .topology import TopologyError, free_memory, require_undirected
-from .workers import WorkerMatrix, backend_for, flatten
+from .workers import WorkerMatrix, flatten
 
 
 class Diverged(RuntimeError):
@@ -190,7 +187,7 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
     set to use instead of loading ``cfg.dataset``; ``model``: a function that builds the model
     instead of ``cfg.model``'s entry (called once; ``cfg.model`` is then ``python``, as
     :func:`gossamer.run` gives it); ``reference``: the Ξ_t² by step of the run a
-    ``consensus.target: run:DIR`` follows (:func:`gossamer.report.reference_trajectory`).
+    ``consensus.target: run:DIR`` follows (:func:`gossamer.rundir.reference_trajectory`).
     ``validation_fraction`` > 0 holds its split out of the training set
     (:func:`gossamer.data.partition.validation_split`). The config is validated again (one
     changed with ``dataclasses.replace`` skipped it).
@@ -215,28 +212,16 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
         raise ConfigError(f"byzantine.attack label-flip flips class labels; dataset '{cfg.dataset}' is a {data.task} "
                           f"task")
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
-    if cfg.sharpness and (cfg.sharpness_samples or 0) > len(data.y_train):
-        raise ConfigError(f"sharpness_samples ({cfg.sharpness_samples}) must be at most the {len(data.y_train)} "
-                          f"samples of the training set")
-    if cfg.partition == "dirichlet" and data.task != "classification":
-        raise ConfigError(f"partition 'dirichlet' splits classes among workers; dataset '{cfg.dataset}' is a "
-                          f"{data.task} task: use partition: iid")
+    check_data(cfg, data)
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)
               if cfg.partition == "dirichlet" else None)
     if model is None:
-        _check_memory(cfg, data, task, engine.m, dtype, device)
-    given, again = model, None
-    with _SEEDING:
-        if device.type == "cuda":
-            torch.manual_seed(cfg.seed)  # the cuda generators too, for what the model draws as it trains
-        else:  # torch.manual_seed would queue a seed for the cuda generators, which a cpu run leaves alone
-            torch.random.default_generator.manual_seed(cfg.seed)
-        model = (given or build_model)(cfg, data)
-        if given is not None and cfg.byzantine is not None and cfg.byzantine.clean_reference:
-            again = _again(model, device)
+        check_memory(cfg, data, task, engine.m, dtype, device)
+    given = model
+    model, again = _seeded_model(cfg, data, device, given)
     if given is not None:  # its size is known once built: building it to count would call the builder twice
-        _check_memory(cfg, data, task, engine.m, dtype, device,
-                      Footprint(sum(p.numel() for p in model.parameters()), 0, 0))
+        check_memory(cfg, data, task, engine.m, dtype, device,
+                     Footprint(sum(p.numel() for p in model.parameters()), 0, 0))
     model = model.to(dtype)
     cfg.bn_eval = resolve_bn_eval(cfg, model)
     workers = WorkerMatrix(model, engine.m, device, backend=cfg.grad_backend, loss=task.loss)
@@ -252,8 +237,8 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
                       shapes=[tuple(s.shape) for s in workers.param_slots], optimizer=optimizer)
     schedule = build_schedule(cfg, context)
     if engine.adversary is not None:
-        _check_robust_gossip_memory(engine.m, workers.d, graph_of(schedule), dtype, device)
-    _check_target(cfg, task)
+        check_robust_gossip_memory(engine.m, workers.d, graph_of(schedule), dtype, device)
+    check_target(cfg, task)
     if clock is not None:
         engine.comm.keep()
     faults = None
@@ -261,7 +246,7 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
         faults = Faults(cfg.faults, cfg.workers, cfg.seed)
         faults.check_steps(cfg.epochs * steps)
         if graph_of(schedule) is not None and cfg.faults.repair == "local":
-            _check_local_repair(graph_of(schedule))
+            check_local_repair(graph_of(schedule))
     run = Run(cfg, engine, data, task, workers, optimizer, schedule, steps, shards, clock, faults)
     if cfg.byzantine is not None and cfg.byzantine.clean_reference:
         run.clean = Clean.build(cfg, source, again)
@@ -274,6 +259,23 @@ def _check_given(cfg: Config, data: Dataset | None, model: ModelBuilder | None) 
     for kind, argument, name, given in (("dataset", "data", cfg.dataset, data), ("model", "model", cfg.model, model)):
         if name == GIVEN and given is None:
             raise ConfigError(f"{kind} '{GIVEN}' is one given from Python: gossamer.run({argument}=...)")
+
+
+def _seeded_model(cfg: Config, data: Dataset, device: torch.device,
+                  given: ModelBuilder | None) -> tuple[torch.nn.Module, ModelBuilder | None]:
+    """The run's model, built by ``given`` (else by ``cfg.model``'s entry) from torch's global
+    generator seeded with ``cfg.seed``, one run at a time in the process; and, for a given model
+    with ``byzantine.clean_reference``, the builder of the clean run's copy (:func:`_again`)."""
+    again = None
+    with _SEEDING:
+        if device.type == "cuda":
+            torch.manual_seed(cfg.seed)  # the cuda generators too, for what the model draws as it trains
+        else:  # torch.manual_seed would queue a seed for the cuda generators, which a cpu run leaves alone
+            torch.random.default_generator.manual_seed(cfg.seed)
+        model = (given or build_model)(cfg, data)
+        if given is not None and cfg.byzantine is not None and cfg.byzantine.clean_reference:
+            again = _again(model, device)
+    return model, again
 
 
 def _again(model: torch.nn.Module, device: torch.device) -> ModelBuilder:
@@ -291,28 +293,6 @@ def _again(model: torch.nn.Module, device: torch.device) -> ModelBuilder:
     return build
 
 
-def _check_local_repair(graph) -> None:
-    """``faults.repair: local`` keeps a gone worker's weight at home: W's rows still sum to 1, its
-    columns only where W is symmetric. On a directed graph the living mean would drift: refused."""
-    try:
-        require_undirected(graph, "topology", "faults")
-    except TopologyError:
-        raise ConfigError(f"faults.repair local keeps a gone worker's weight at home, so on the directed topology "
-                          f"'{short(graph.name)}' the living workers' mean drifts (W's columns no longer sum to 1): "
-                          f"use faults.repair metropolis") from None
-
-
-TARGETS = {"target_accuracy": "test_accuracy", "target_loss": "test_loss"}  # config key → metric it targets
-
-
-def _check_target(cfg: Config, task: Task) -> None:
-    for key, metric in TARGETS.items():
-        if getattr(cfg, key) is not None and task.metric != metric:
-            other = next(k for k, m in TARGETS.items() if m == task.metric)
-            raise ConfigError(f"{key} does not apply to the {task.name} task of dataset {cfg.dataset} (its "
-                              f"evaluations report {task.metric}): use {other}")
-
-
 def _has_target(cfg: Config) -> bool:
     return cfg.target_accuracy is not None or cfg.target_loss is not None
 
@@ -324,101 +304,6 @@ def reached_target(cfg: Config, row: dict) -> bool:
         return row["test_accuracy"] >= cfg.target_accuracy
     return cfg.target_loss is not None and row["test_loss"] <= cfg.target_loss
 
-
-def _check_memory(cfg: Config, data: Dataset, task: Task, m: int, dtype: torch.dtype, device: torch.device,
-                  size: Footprint | None = None) -> None:
-    """Refuse, before building the model, a run that cannot fit in the memory free on its device:
-    m rows of d values for X, G, a scratch copy and at least two rows of optimizer or schedule
-    state, and the most activations alive at once (:func:`_activations`). ``size``: the model's
-    footprint (default: ``cfg.model``'s, :func:`~gossamer.models.footprint`)."""
-    free = _free_bytes(device)
-    if free is None:
-        return
-    size, value = size or footprint(cfg, data), torch.empty(0, dtype=dtype).element_size()
-    matrix = 5 * m * size.parameters * value
-    held = _activations(cfg, data, task, m, device, size)
-    need = matrix + held.values * value
-    if need <= free:
-        return
-    if matrix < held.values * value:
-        option, advice = held.option, held.advice
-    elif 5 * size.parameters * value > free:  # not even one worker's rows
-        option, advice = (size.options or ("model",))[0], f"use a smaller {_either(size.options) or 'model'}"
-    else:
-        option, advice = "workers", "use fewer workers (or engine=dist across machines)"
-    raise ConfigError(f"{option}: model {cfg.model} needs about {_gib(need)} on {device.type}, more than the "
-                      f"{_gib(free)} free: {_gib(held.values * value)} of activations for {held.what} and "
-                      f"{_gib(matrix)} for 5 copies of the [{m}, {_count(size.parameters)}] worker matrix; {advice}")
-
-
-def _check_robust_gossip_memory(m: int, d: int, topology, dtype: torch.dtype, device: torch.device) -> None:
-    """Refuse a Byzantine gossip run whose round cannot fit: every local worker receives its K
-    neighbours' rows, [m, K, d], held about three times over (received, attacked, clipped)."""
-    if topology is None:
-        return
-    K = topology.mixing(0).K
-    need = 3 * m * K * d * torch.empty(0, dtype=dtype).element_size()
-    free = _free_bytes(device)
-    if free is not None and need > free:
-        raise ConfigError(f"byzantine: a gossip round with an adversary holds every worker's {K} neighbours' rows "
-                          f"([{m}, {K}, {_count(d)}], about {_gib(need)}), more than the {_gib(free)} free on "
-                          f"{device.type}; use a sparser topology or fewer workers")
-
-
-def _free_bytes(device: torch.device) -> int | None:
-    """Bytes free on ``device`` (None where the host does not say): what the preflights compare with."""
-    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else free_memory()
-
-
-def _gib(nbytes: float) -> str:
-    return f"{nbytes / 2**30:.3g} GiB"
-
-
-def _count(n: int) -> str:
-    return f"{n:,}" if n < 10**12 else f"{n:.3g}"
-
-
-class _Held(NamedTuple):
-    """Activations alive at once: how many values, for what, and the option that shrinks them."""
-
-    values: int
-    what: str
-    option: str
-    advice: str
-
-
-def _activations(cfg: Config, data: Dataset, task: Task, m: int, device: torch.device, size: Footprint) -> _Held:
-    """The largest activations a run holds at once: a training step's (one worker's batch with the
-    loop backend, all m workers' with vmap), an evaluation's (a chunk of the test set, one model at
-    a time) or sharpness's (a chunk of its samples, double backward: about 3 training steps')."""
-    first = size.options[0] if size.options else None
-    vmap = _vmap_backend(cfg, m, size.parameters, device)
-    k = m if vmap else 1
-    held = [_Held(k * cfg.batch_size * size.train, f"a training step of {k} × {cfg.batch_size} samples",
-                  first or "batch_size", f"use a smaller {_either(('batch_size', *size.options))}"
-                                         f"{' (or grad_backend=loop)' if vmap else ''}")]
-    chunk = min(len(data.y_test), inspect.signature(task.evaluate).parameters["chunk"].default)
-    if cfg.bn_eval == "recompute":
-        chunk = max(chunk, cfg.workers * cfg.batch_size)
-    held.append(_Held(chunk * size.test, f"an evaluation of {chunk} samples at once", first or "model",
-                      f"use a smaller {_either(size.options) or 'model'}"))
-    if cfg.sharpness:
-        samples = min(HVP_CHUNK, cfg.sharpness_samples or SHARPNESS_SAMPLES)
-        held.append(_Held(3 * samples * size.train, f"sharpness on {samples} samples",
-                          "sharpness_samples", f"use fewer sharpness_samples (or a smaller {_either(size.options)})"
-                          if size.options else "use fewer sharpness_samples"))
-    return max(held)
-
-
-def _either(options: tuple[str, ...]) -> str:
-    """'a, b or c'."""
-    return " or ".join(filter(None, [", ".join(options[:-1]), *options[-1:]]))
-
-
-def _vmap_backend(cfg: Config, m: int, parameters: int, device: torch.device) -> bool:
-    """Whether the gradient backend runs all m workers' batches at once (a loop picked for float64
-    convolutions is counted as vmap: the preflight does not build the model)."""
-    return backend_for(cfg.grad_backend, m, device, parameters, float64_convs=False) == "vmap"
 
 
 def epoch_indices(run: Run, epoch: int) -> torch.Tensor:

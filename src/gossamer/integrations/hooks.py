@@ -369,7 +369,7 @@ class Gossip(Synchronizer):
         reference = None
         target = options["consensus"].get("target", "none")
         if isinstance(target, str) and target.startswith("run:"):
-            from ..report import read_trajectory
+            from ..rundir import read_trajectory
 
             engine = kwargs.get("engine")
             workers = engine.n if engine is not None else env_world_size(kwargs.get("group"))

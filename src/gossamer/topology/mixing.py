@@ -1,11 +1,11 @@
 """The data of gossip mixing: a matrix W in neighbour-slot form (:class:`Mixing`), what a random
 topology's builder returns (:class:`RandomRounds`), the registry of topologies, and the helpers that
-builders of :mod:`gossamer.topology` and :mod:`gossamer.topology_dynamic` share (``identity``,
+builders of :mod:`gossamer.topology.static` and :mod:`gossamer.topology.dynamic` share (``identity``,
 ``circulant``, ``from_rows``, ``parse_int``, ``regular_degree``).
 
-Both topology modules import this one and not each other's definitions: ``topology.py`` registers the
-static graphs and imports ``topology_dynamic.py``, which registers the per-round ones, so
-``gossamer.topology`` holds every built-in topology. Pure numpy; no torch.
+Both builder modules import this one and not each other's definitions: ``static.py`` registers the
+static graphs and ``dynamic.py`` the per-round ones; the package imports both, so
+``gossamer.topology.TOPOLOGIES`` holds every built-in topology. Pure numpy; no torch.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .registry import ConfigError, Registry, short
+from ..registry import ConfigError, Registry, short
 
 TOL = 1e-12
 DENSE_MAX = 2048  # above this many workers, spectra of graphs that are not circulant are iterative

@@ -35,8 +35,8 @@ import math
 import networkx as nx
 import numpy as np
 
-from .registry import short
-from .rng import host_stream
+from ..registry import short
+from ..rng import host_stream
 from .mixing import (
     TOPOLOGIES,
     Mixing,
