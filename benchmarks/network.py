@@ -18,6 +18,13 @@ first, without a rate limit, from all-reduces of an 11,310-parameter MLP (45 KB,
 take microseconds on an unlimited loopback): α = (measured time per all-reduce) / (2 (P − 1)).
 Neither is fitted to the rate-limited runs.
 
+``--overlap``: DiLoCo's outer all-reduce in flight through the next inner phase, for real
+(``outer_overlap``: the all-reduce started with ``async_op`` and waited for a round later).
+Blocking DiLoCo, delayed and eager with H = 8 at a rate where the all-reduce takes about one
+inner phase; the compute is real (a batch of OVERLAP_BATCH on the same MLP; the clock measures it,
+``compute_ms`` unset). Each rank marks the wall clock and the model's clock at every outer
+round; the per-round figures are medians over the rounds after the first.
+
 Needs root, ``ip netns`` and ``tc``; where they cannot be used the script says so and exits 0
 without figures.
 """
@@ -48,13 +55,19 @@ CASES = {
     "ring gossip 1 slow of 4 (3×)": (["algorithm=gossip", "topology=ring", "compute_ms=200", "slow_workers=0.25@3"], 8),
 }  # name: (overrides, steps)
 BATCH = 4
+OVERLAP_H = 8  # inner steps a round
+OVERLAP_BATCH = 128  # a step's real compute: an inner phase about one all-reduce at 1 Gbit/s shared by 4
+OVERLAP_ROUNDS = 6
+OVERLAP = {"DiLoCo (blocking)": "none", "DiLoCo delayed": "delayed", "DiLoCo eager": "eager"}
 
 
-def overrides(case: list[str], steps: int, bandwidth_gbit: float, latency_us: float) -> list[str]:
-    return [f"workers={P}", "engine=dist", "dist_backend=gloo", "model=mlp", f"batch_size={BATCH}", "epochs=1",
+def overrides(case: list[str], steps: int, bandwidth_gbit: float, latency_us: float, batch: int = BATCH,
+              compute: list[str] = ("compute_ms=1",)) -> list[str]:
+    """The run of ``case``; ``compute``: the model's compute (none: measured)."""
+    return [f"workers={P}", "engine=dist", "dist_backend=gloo", "model=mlp", f"batch_size={batch}", "epochs=1",
             f"metrics_every={steps}", "momentum=0.9", "lr=0.01", "grad_backend=loop",
             f"network.bandwidth={bandwidth_gbit}", f"network.latency={latency_us}", "network.count_metrics=false",
-            "compute_ms=1", *case]
+            *compute, *case]
 
 
 # ---------------------------------------------------------------- one process (run by each rank)
@@ -70,15 +83,30 @@ def worker(spec_file: str) -> None:
     spec = json.loads(Path(spec_file).read_text())
     cfg = load_config(None, spec["overrides"])
     g = torch.Generator().manual_seed(0)
-    n_train = spec["steps"] * P * BATCH
+    n_train = spec["steps"] * P * spec.get("batch", BATCH)
     data = Dataset(torch.randn(n_train, 1, spec["inputs"], generator=g), torch.randint(0, 10, (n_train,), generator=g),
                    torch.randn(8, 1, spec["inputs"], generator=g), torch.randint(0, 10, (8,), generator=g), 10)
     run, states = build_run(cfg, data=data), []
+    marks = mark_rounds(run, spec["round"]) if "round" in spec else []
     summary = train(cfg, run, on_checkpoint=states.append)
     if run.engine.is_root:
         summary["root_idle_seconds"] = states[-1]["clock"]["idle"][0]
+        summary["round_marks"] = marks
         Path(spec["out"]).write_text(json.dumps(summary))
     run.engine.close()
+
+
+def mark_rounds(run, H: int) -> list[tuple[float, float]]:
+    """(wall clock, the model's clock) after every H-th step: the schedule's after_step wrapped."""
+    after_step, marks = run.schedule.after_step, []
+
+    def marked(engine, X, step):
+        out = after_step(engine, X, step)
+        if (step.t + 1) % H == 0:
+            marks.append((time.perf_counter(), run.clock.now))
+        return out
+    run.schedule.after_step = marked
+    return marks
 
 
 # ---------------------------------------------------------------- the namespace and its rate limit
@@ -210,48 +238,91 @@ def measure(rates: list[str], repeat: int, timeout: float, names: list[str], log
     return results
 
 
+def measure_overlap(rate: str, repeat: int, timeout: float, log=print) -> dict:
+    """Per-round wall time and the model's, for each of OVERLAP, at ``rate``."""
+    steps = OVERLAP_H * OVERLAP_ROUNDS
+    results = {"rate": rate, "repeat": repeat, "processes": P, "cases": {}}
+    with Namespace() as ns:
+        alpha = calibrate(ns, timeout)
+        results["latency_us"] = alpha
+        ns.limit(rate)
+        beta_gbit = parse_rate(rate) / P / 1e9
+        for name, overlap in OVERLAP.items():
+            case = ["algorithm=diloco", f"local_steps={OVERLAP_H}", f"outer_overlap={overlap}"]
+            spec = {"overrides": overrides(case, steps, beta_gbit, alpha, batch=OVERLAP_BATCH, compute=[]),
+                    "steps": steps, "inputs": INPUTS, "round": OVERLAP_H, "batch": OVERLAP_BATCH}
+            runs = []
+            for _ in range(repeat):
+                marks = ns.run(spec, timeout)["round_marks"]
+                rounds = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks[1:], marks[2:])]  # after the first
+                runs.append({"measured": statistics.median(w for w, _ in rounds),
+                             "model": statistics.median(m for _, m in rounds)})
+                log(f"{rate:>8} {name:<18} a round: model {runs[-1]['model']:.3f} s   "
+                    f"measured {runs[-1]['measured']:.3f} s")
+            results["cases"][name] = runs
+    return results
+
+
+def cells(runs: list[dict]) -> str:
+    """model | measured median (min–max) | model / measured, of a case's runs."""
+    model = statistics.median(r["model"] for r in runs)
+    measured = [r["measured"] for r in runs]
+    med = statistics.median(measured)
+    return f"{model:.3f} | {med:.3f} ({min(measured):.3f}–{max(measured):.3f}) | {model / med:.2f}"
+
+
+def overlap_table(results: dict) -> str:
+    lines = [f"{results['rate']}, α = {results['latency_us']:.0f} µs (calibrated), H = {OVERLAP_H}, batch "
+             f"{OVERLAP_BATCH}; {results['repeat']} run(s) per case, median (min–max) of the per-round medians", "",
+             "| case | model, a round (s) | measured, a round (s) | model / measured |", "|---|---|---|---|"]
+    lines += [f"| {name} | {cells(runs)} |" for name, runs in results["cases"].items()]
+    return "\n".join(lines)
+
+
 def table(results: dict) -> str:
     lines = [f"α = {results['latency_us']:.0f} µs (calibrated), β = rate / {results['processes']} per worker; "
              f"{results['repeat']} run(s) per case, measured as median (min–max)", "",
              "| rate | case | steps | model (s) | measured (s) | model / measured |", "|---|---|---|---|---|---|"]
-    for rate, rows in results["rates"].items():
-        for name, runs in rows.items():
-            model = statistics.median(r["model"] for r in runs)
-            measured = [r["measured"] for r in runs]
-            med = statistics.median(measured)
-            lines.append(f"| {rate} | {name} | {CASES[name][1]} | {model:.3f} | {med:.3f} "
-                         f"({min(measured):.3f}–{max(measured):.3f}) | {model / med:.2f} |")
+    lines += [f"| {rate} | {name} | {CASES[name][1]} | {cells(runs)} |"
+              for rate, rows in results["rates"].items() for name, runs in rows.items()]
     return "\n".join(lines)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rates", default="100mbit,1gbit", help="loopback rates, comma-separated (tc syntax)")
+    p.add_argument("--rates", help="loopback rates, comma-separated (tc syntax; default 100mbit,1gbit, and 1gbit "
+                                   "with --overlap)")
     p.add_argument("--repeat", type=int, default=2, help="runs per case (medians reported)")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
     p.add_argument("--json", help="also write the raw figures here")
     p.add_argument("--only", help="the cases to run, comma-separated names (default: all)")
+    p.add_argument("--overlap", action="store_true",
+                   help="DiLoCo blocking, delayed and eager a round, at the first of --rates (default 1gbit)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args.worker)
         return 0
     why = unavailable()
+    names = args.only.split(",") if args.only else list(CASES)
+    unknown = [n for n in names if n not in CASES]
+    if unknown or (args.only and args.overlap):
+        print(f"--only: unknown case {unknown[0]!r}; choose from: {', '.join(CASES)}" if unknown else
+              "--only chooses among the time-model cases; --overlap runs its own three", file=sys.stderr)
+        return 2
     if why is None:
         try:
-            names = args.only.split(",") if args.only else list(CASES)
-            unknown = [n for n in names if n not in CASES]
-            if unknown:
-                print(f"--only: unknown case {unknown[0]!r}; choose from: {', '.join(CASES)}", file=sys.stderr)
-                return 2
-            results = measure(args.rates.split(","), args.repeat, args.timeout, names)
+            if args.overlap:
+                results = measure_overlap((args.rates or "1gbit").split(",")[0], args.repeat, args.timeout)
+            else:
+                results = measure((args.rates or "100mbit,1gbit").split(","), args.repeat, args.timeout, names)
         except OSError as e:
             why = str(e)
     if why is not None:
         print(f"bandwidth limits cannot be set on this machine: {why}; no figures")
         return 0
     print()
-    print(table(results))
+    print(overlap_table(results) if args.overlap else table(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
     return 0

@@ -114,6 +114,8 @@ HOOK_PROCESS_CASES = {
                           {"kind": "Gossip", "kwargs": {"topology": "one-peer-exponential",
                                                         "phases": ["allreduce", "gossip"], "phase_steps": [6]},
                            "ddp": True}),
+    "diloco-delayed-processes": (["algorithm=diloco", "local_steps=3", "outer_overlap=delayed"],
+                                 {"kind": "DiLoCo", "kwargs": {"local_steps": 3, "outer_overlap": "delayed"}}),
 }
 
 

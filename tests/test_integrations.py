@@ -65,15 +65,16 @@ CASES.update(LAUNCHED)
 DILOCO = [f"diloco-{codec}-sgd" for codec in ("none", "qsgd:4", "random-k:0.2", "ef-top-k:0.1+quant:2")]
 # every registered algorithm that a synchroniser runs (SGD) and every codec with one of them in turn
 # (tests/cases.py's covering), DiLoCo's codecs above, and the FEATURES of DiLoCo's options
-# (streaming with a compressed chain; NoLoCo)
+# (streaming with a compressed chain; NoLoCo; the overlapped outer steps)
+DILOCO_FEATURES = ["diloco-streaming", "noloco", "diloco-eager", "diloco-delayed-streaming"]
 GENERATED = {name: (o, hook_of(o)) for name, o in {
     **covering(optimizers=False), **{name: o for name, o in combinations(optimizers=False).items() if name in DILOCO},
-    **{name: FEATURES[name] for name in ("diloco-streaming", "noloco")}}.items()
-    if hook_of(o) is not None and (not name.startswith("diloco-") or name in DILOCO + ["diloco-streaming"])}
+    **{name: FEATURES[name] for name in DILOCO_FEATURES}}.items()
+    if hook_of(o) is not None and (not name.startswith("diloco-") or name in DILOCO + DILOCO_FEATURES)}
 # resumed: a representative subset (each algorithm once, compressed where it compresses, the codecs
 # in turn; every algorithm × codec × optimizer resumes in the simulator, tests/test_resume.py) and
-# DiLoCo's streaming and NoLoCo features (per-fragment residuals and outer state)
-RESUMED = [name for name in GENERATED if name in representatives() or name in ("diloco-streaming", "noloco")]
+# DiLoCo's features (per-fragment residuals and outer state, the outer gradients in flight)
+RESUMED = [name for name in GENERATED if name in representatives() or name in DILOCO_FEATURES]
 
 
 @pytest.mark.parametrize("name", list(THREADED) + list(GENERATED))

@@ -11,6 +11,7 @@ from cases import SHORT
 from conftest import small_config
 
 from gossamer.config import load_config
+from gossamer.engines.base import Work
 from gossamer.testing import hook_difference
 from gossamer.train import Interrupted, build_run, train
 
@@ -28,7 +29,7 @@ def rounds(*overrides: str):
 
     def recorded(engine, X, j, t):
         step(engine, X, j, t)
-        seen.append((schedule.pending[j].clone(), schedule.own[j].clone() if schedule.own else None,
+        seen.append((schedule.pending[j].wait().clone(), schedule.own[j].clone() if schedule.own else None,
                      schedule.x_outer.clone()))
     schedule._overlapped_step = recorded
     train(cfg, run)
@@ -114,3 +115,45 @@ def test_a_users_loop_with_the_diloco_hooks_runs_the_same_overlap(overlap):
     where, delta = hook_difference(["algorithm=diloco", "local_steps=2", f"outer_overlap={overlap}",
                                     "outer_lr=0.7", "outer_momentum=0.9"])
     assert where is None and delta <= 1e-10
+
+
+def waits(*overrides: str) -> list[tuple[int, int]]:
+    """(the step after which each outer transfer started, the step after which it was waited for)
+    in a DiLoCo run: the schedule's engine wrapped so that each Work records when it is waited on."""
+    cfg = load_config(None, [*SHORT, "algorithm=diloco", "checkpoint_every=2", *overrides])  # one, at the end
+    run = build_run(cfg)
+    engine, schedule, now, log = run.engine, run.schedule, [None], []
+    after_step = schedule.after_step
+
+    def stepping(engine, X, step):
+        now[0] = step.t
+        return after_step(engine, X, step)
+
+    def timed(operator):
+        def started(*args, async_op=False, **kwargs):
+            work = operator(*args, async_op=async_op, **kwargs)
+            if not async_op:
+                return work
+            sent = now[0]
+            return Work(lambda: log.append((sent, now[0])) or work.wait())
+        return started
+    schedule.after_step = stepping
+    engine.allreduce_mean_, engine.all_gather = timed(engine.allreduce_mean_), timed(engine.all_gather)
+    train(cfg, run)
+    return log
+
+
+@pytest.mark.parametrize("overrides, after", [
+    (["local_steps=4", "fragments=2", "fragment_delay=3"], 3),  # Streaming DiLoCo: applied τ steps later
+    (["local_steps=4", "fragments=2", "fragment_delay=3", "compression=ef-top-k:0.1"], 3),  # its all-gather
+    (["local_steps=3"], 0),  # DiLoCo: at once
+    (["local_steps=3", "outer_overlap=delayed"], 3),  # consumed at the next round's send
+    (["local_steps=3", "outer_overlap=eager", "compression=ef-top-k:0.1"], 3)])
+def test_an_outer_transfer_is_waited_for_where_it_is_consumed_not_where_it_starts(overrides, after):
+    """What the algorithm has in flight is started with async_op and waited for only where the
+    algorithm consumes it: the inner steps between run while it travels (on the dist engine, for
+    real). The final checkpoint (after step 11) waits for what is still in flight."""
+    log = waits(*overrides)
+    assert len(log) >= 3
+    for sent, waited in log:
+        assert waited == sent + after or waited == 11 < sent + after, (sent, waited)

@@ -25,9 +25,9 @@ class RecordingEngine(SimEngine):
     def _log(self, op: str, X: torch.Tensor, *args) -> None:
         self.calls.append((self.t, op, self.names.get(X.data_ptr(), f"{X.shape[1]} columns"), *args))
 
-    def allreduce_mean_(self, X, site="rows"):
+    def allreduce_mean_(self, X, site="rows", async_op=False):
         self._log("allreduce", X)
-        super().allreduce_mean_(X, site)
+        return super().allreduce_mean_(X, site, async_op)
 
     def block_mean_(self, X, block_size, site="rows"):
         self._log("block", X, block_size)
@@ -41,9 +41,9 @@ class RecordingEngine(SimEngine):
         self.calls.append((self.t, "exchange", payload[0].numel() * payload.element_size(), mixing.index.shape[0]))
         return super().exchange(payload, mixing, nbytes)
 
-    def all_gather(self, payload, block_size=None):
+    def all_gather(self, payload, block_size=None, async_op=False):
         self.calls.append((self.t, "all_gather", payload.shape[1], block_size))
-        return super().all_gather(payload, block_size)
+        return super().all_gather(payload, block_size, async_op)
 
 
 def record(*overrides: str, steps: int = 2 * S, mark_steps: bool = False) -> list[tuple]:

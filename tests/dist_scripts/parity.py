@@ -75,6 +75,17 @@ def engine_checks(n: int, out: Path, d: int = 37) -> dict:
     for size in (None, k):
         check(f"all_gather sign mean ({size})", lambda e, X, s=size: e.all_gather(codec.encode(X, 4, e.rows), s).mean(codec.decode))
     check("gossip Θ terms", lambda e, X: e.gossip_(X, ring.mixing(0), measure=True))
+
+    def in_the_background(e, X, block_size=None):
+        """An all-reduce and an all-gather started (async_op), a gossip round run while they are
+        in flight, then both waited for: the all-gather's mean of X's codes, into X."""
+        gathered = e.all_gather(codec.encode(X, 4, e.rows), block_size, async_op=True)
+        mean = e.allreduce_mean_(X.clone(), async_op=True)
+        e.gossip_(X.clone(), ring.mixing(1))
+        X.copy_(gathered.wait().mean(codec.decode) + mean.wait())
+    for size in (None, k):
+        check(f"all_gather and allreduce_mean_ in the background ({size})",
+              lambda e, X, s=size: in_the_background(e, X, s))
     top_k, qsgd = TopK([10, 27], 0.2), QSGD([10, 27], 3, seed=1)
     for topo in ("ring", "one-peer-exponential", "directed-exponential") if power_of_two else ("ring",):
         union = build_topology(topo, n).union

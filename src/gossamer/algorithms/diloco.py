@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+
 import torch
 
 from ..codecs import ERROR_FEEDBACK, Compressor, build_compressor, check_spec
+from ..engines.base import Work
 from ..faults import REJOIN_MODES
 from ..outer import OuterOptions, OuterSchedule, OuterStep, build_outer
 from ..registry import ConfigError, positive_ints, short
@@ -83,6 +85,11 @@ class DiLoCo(Schedule):
       first round (``eager_first``): ``own``, Δ^(0) = Δ_m^(0) = 0, so Δ̂ = Δ_m/M; or ``sync``, one
       standard DiLoCo step, then eager from zero. With a codec, Δ_m is the replica's decoded
       message: what the others receive of it. M = 1 is DiLoCo bit for bit.
+
+    What is in flight really is: the all-reduce (all-gather) is started with ``async_op`` and
+    waited for where it is consumed — τ steps after the send, or at the next round's send with
+    ``overlap`` — so on the dist engine it runs during the inner steps between (the simulator
+    completes it at once; the numbers are the same). A checkpoint waits for it first.
     """
 
     local_steps: int
@@ -98,15 +105,16 @@ class DiLoCo(Schedule):
     eager_first: str = "own"
     replicas: int = 1  # M: every worker (eager's share of its own outer gradient)
     x_outer: torch.Tensor | None = None
-    pending: list[torch.Tensor] = field(default_factory=list)  # Δ^(r−1) of each fragment, in flight (rows)
+    pending: list[Work] = field(default_factory=list)  # Δ^(r−1) of each fragment, in flight (its rows)
     own: list[torch.Tensor] = field(default_factory=list)  # eager: each replica's Δ_m^(r−1) (rows)
+    landing: dict[int, Work] = field(default_factory=dict)  # fragment → its outer step, its Δ in flight
 
     def start(self, engine, X: torch.Tensor) -> None:
         self.x_outer = X.clone()
         for outer, cols in zip(self.outers, self.fragments):
             outer.start(self.x_outer[:, cols])
         if self.overlap != "none":
-            self.pending = [torch.zeros_like(X[:, cols]) for cols in self.fragments]
+            self.pending = [Work.done(torch.zeros_like(X[:, cols])) for cols in self.fragments]
             self.own = [torch.zeros_like(X[:, cols]) for cols in self.fragments] if self.overlap == "eager" else []
 
     def sends(self, j: int, t: int) -> bool:
@@ -118,14 +126,27 @@ class DiLoCo(Schedule):
         """Whether sending fragment j after step t is its first round."""
         return t + 1 - j * self.local_steps // len(self.fragments) == self.local_steps
 
+    def synced_after(self, t: int) -> bool:
+        """Whether every model is x_outer, the same on every worker, after step t: only where the
+        whole row is applied unmixed (one fragment, α = 0, no outer topology, not eager: its
+        replicas differ), τ steps after a send."""
+        return (len(self.fragments) == 1 and self.topology is None and not self.alpha and self.overlap != "eager"
+                and self.sends(0, t - self.delay))
+
     def after_step(self, engine, X: torch.Tensor, step: Step) -> dict:
         for j, cols in enumerate(self.fragments):
             if self.sends(j, step.t):
                 self._send(engine, X, j, step.t)
             if self.sends(j, step.t - self.delay):
+                self._land(j)
                 x, outer = X[:, cols], self.x_outer[:, cols]
                 x.mul_(self.alpha).add_(outer, alpha=1 - self.alpha) if self.alpha else x.copy_(outer)
         return {}
+
+    def _land(self, j: int) -> None:
+        """Fragment j's outer step, its Δ in flight since the send: waited for, and taken."""
+        if j in self.landing:
+            self.landing.pop(j).wait()
 
     def _send(self, engine, X: torch.Tensor, j: int, t: int) -> None:
         cols, outer = self.fragments[j], self.x_outer[:, self.fragments[j]]
@@ -141,22 +162,23 @@ class DiLoCo(Schedule):
             self._overlapped_step(engine, X, j, t)
 
     def _outer_step(self, engine, X: torch.Tensor, j: int, t: int) -> None:
-        """Fragment j's outer step on this round's Δ (DiLoCo, Streaming DiLoCo, SparseLoCo)."""
+        """Fragment j's outer step on this round's Δ (DiLoCo, Streaming DiLoCo, SparseLoCo): its
+        all-reduce (all-gather of the messages) started now and taken τ steps later, where the
+        outer update is applied (:meth:`_land`; τ = 0: at once)."""
         cols, outer = self.fragments[j], self.x_outer[:, self.fragments[j]]
         # the fragment travels while the next τ steps compute (at most until the next send)
         with engine.comm.overlapping(behind=min(self.delay, self.local_steps // len(self.fragments))):
             if self.compressors is not None:
                 codec = self.compressors[j]
-                messages = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows))
-                gradient = codec.combine(messages, t)
+                gathered = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows), async_op=True)
+                gradient = Work(lambda: codec.combine(gathered.wait(), t))
             elif engine.adversary is not None:  # the outer gradients travel, for the robust rule
-                gradient = outer - X[:, cols]
-                engine.allreduce_mean_(gradient, f"outer-gradient/{j}")
+                gradient = Work.done(outer - X[:, cols])
+                engine.allreduce_mean_(gradient.wait(), f"outer-gradient/{j}")
             else:
-                mean = X[:, cols].clone()
-                engine.allreduce_mean_(mean)
-                gradient = outer - mean
-        self.outers[j].step(outer, gradient, t)
+                mean = engine.allreduce_mean_(X[:, cols].clone(), async_op=True)
+                gradient = Work(lambda: outer - mean.wait())
+        self.landing[j] = Work(lambda: self.outers[j].step(outer, gradient.wait(), t))
 
     def _overlapped_step(self, engine, X: torch.Tensor, j: int, t: int) -> None:
         """Fragment j's delayed or eager outer step (class docstring): this round's Δ leaves, to be
@@ -167,12 +189,12 @@ class DiLoCo(Schedule):
             if self.compressors is not None:
                 codec = self.compressors[j]
                 messages = codec.compress(own, t, engine.rows)
-                fresh = codec.combine(engine.all_gather(messages), t)
+                gathered = engine.all_gather(messages, async_op=True)
+                fresh = Work(lambda: codec.combine(gathered.wait(), t))
                 own = codec.codec.decode(messages, t)  # what the others receive of it
             else:
-                fresh = own.clone()
-                engine.allreduce_mean_(fresh)
-        previous = self.pending[j]
+                fresh = engine.allreduce_mean_(own.clone(), async_op=True)
+        previous = self.pending[j].wait()  # Δ^(r−1), in flight through this round
         if self.overlap == "delayed":
             if not self.first_send(j, t):  # the first round has no outer gradient in hand: no outer step
                 self.outers[j].step(outer, previous, t, staleness=1)
@@ -190,11 +212,15 @@ class DiLoCo(Schedule):
         self.outers[0].step(self.x_outer, delta.add_(self.x_outer - neighbours, alpha=self.gamma), t)
 
     def state_dict(self) -> dict:
+        """The state after every transfer in flight has arrived (the outer steps they feed, in the
+        order they were sent, taken): what a run that waited for each at once holds."""
+        for j in list(self.landing):
+            self._land(j)
         rows = {"x_outer": self.x_outer}
         rows.update({f"residual/{j}": c.residual for j, c in enumerate(self.compressors or [])
                      if c.residual is not None})
-        rows.update({f"{kind}/{j}": T for kind, kept in (("pending", self.pending), ("own", self.own))
-                     for j, T in enumerate(kept)})
+        rows.update({f"pending/{j}": work.wait() for j, work in enumerate(self.pending)})
+        rows.update({f"own/{j}": T for j, T in enumerate(self.own)})
         first, *others = self.outers
         return {"rows": rows, "outer": first.state_dict(),
                 **{f"outer/{j}": o.state_dict() for j, o in enumerate(others, 1)}}
@@ -202,7 +228,7 @@ class DiLoCo(Schedule):
     def load_state_dict(self, state: dict) -> None:
         self.x_outer.copy_(state["rows"]["x_outer"])
         if self.overlap != "none":
-            self.pending = [state["rows"][f"pending/{j}"].clone() for j in range(len(self.fragments))]
+            self.pending = [Work.done(state["rows"][f"pending/{j}"].clone()) for j in range(len(self.fragments))]
             for j, own in enumerate(self.own):
                 own.copy_(state["rows"][f"own/{j}"])
         for j, c in enumerate(self.compressors or []):

@@ -19,6 +19,12 @@ implements only the primitives, each the minimum a real network must do:
 - ``gather_rows(T)``: the full [n, ...] tensor of a local [m, ...] one, where the run is written;
 - ``_any(flag)``: whether any process's flag is set (to stop or checkpoint together).
 
+The group mean and the all-gather also start in the background (``async_op=True``, as
+torch.distributed's collectives): ``_start_groups_mean(X, groups)`` and
+``_start_all_gather(payload, groups)`` return a :class:`Work` that completes them; an engine
+whose primitives are tensor ops completes them at once (the default), the dist engine launches
+the collectives and waits where the result is consumed.
+
 This base turns them into the operators that schedules call, records each in the ledger
 ``comm`` (:mod:`gossamer.engines.ledger`: what moved, from the operator's real inputs — the
 tensors' sizes, the participants; the algorithm's traffic by level, measurement traffic apart;
@@ -66,6 +72,28 @@ def fetch_mixing(n: int, worker: int, peers: np.ndarray) -> Mixing:
     share = 1.0 / len(peers)
     return from_rows(n, [{i: 1.0} if i != worker else {worker: 0.0, **{int(j): share for j in peers}}
                          for i in range(n)])
+
+
+class Work:
+    """An operator started with ``async_op=True`` (torch.distributed's convention): ``wait()``
+    completes it and returns its result (the tensor it averaged in place, or the :class:`Gathered`
+    messages); until then what the operator writes is not defined. Waiting again returns the same
+    result."""
+
+    def __init__(self, finish: Callable[[], object]):
+        self._finish, self._result = finish, None
+
+    @classmethod
+    def done(cls, result) -> Work:
+        """A work already complete, with ``result``."""
+        work = cls(lambda: result)
+        work.wait()
+        return work
+
+    def wait(self):
+        if self._finish is not None:
+            self._result, self._finish = self._finish(), None
+        return self._result
 
 
 @dataclass
@@ -181,12 +209,16 @@ class Engine:
 
     # ------------------------------------------------------------------ the algorithm's traffic
 
-    def groups_mean_(self, X: torch.Tensor, groups: Groups, level: str = "block") -> None:
+    def groups_mean_(self, X: torch.Tensor, groups: Groups, level: str = "block",
+                     async_op: bool = False) -> Work | None:
         """Exact average within each group (in place): the rows of its (living) members ← their
-        mean, every other row unchanged. A ring all-reduce of d values within each group."""
+        mean, every other row unchanged. A ring all-reduce of d values within each group.
+        ``async_op``: started, not finished — returns the :class:`Work` whose ``wait()`` completes
+        it (X must not be read or written until then)."""
         groups = self.living(groups)
-        self._groups_mean_(X, groups)
+        work = self._start_groups_mean(X, groups) if async_op else self._groups_mean_(X, groups)
         self._record(Transfer("allreduce", row_bytes(X), level, groups=groups))
+        return work
 
     def server_message(self, op: str, nbytes: int, worker: int, queued: float = 0.0) -> None:
         """A ``push`` (worker → parameter server) or ``pull`` (server → worker) of ``nbytes``, that
@@ -194,14 +226,16 @@ class Engine:
         holds every row, so the schedule moves the data (asynchronous local SGD)."""
         self._record(Transfer(op, nbytes, SERVER, groups=self._everyone, initiator=worker, queued=queued))
 
-    def allreduce_mean_(self, X: torch.Tensor, site: str = "rows") -> None:
+    def allreduce_mean_(self, X: torch.Tensor, site: str = "rows", async_op: bool = False) -> Work | None:
         """Exact average: every (living) row becomes the mean of the (living) rows, in place. With
         an adversary, the robust aggregate instead (``site``: which quantity X is, for an
-        aggregator with a memory)."""
+        aggregator with a memory). ``async_op``: as :meth:`groups_mean_`'s (not with an adversary)."""
         if self.adversary is not None:
+            if async_op:
+                raise ValueError("allreduce_mean_: a robust aggregate is not started in the background (async_op)")
             self._robust_mean_(X, self.n, "global", site)
-            return
-        self.groups_mean_(X, self._everyone, level="global")
+            return None
+        return self.groups_mean_(X, self._everyone, level="global", async_op=async_op)
 
     def block_mean_(self, X: torch.Tensor, block_size: int, site: str = "rows") -> None:
         """Exact average inside each block of ``block_size`` consecutive workers (in place); with an
@@ -318,14 +352,17 @@ class Engine:
         self._record(Transfer("gossip", sent, "gossip", mixing=mixing))
         return received
 
-    def all_gather(self, payload: torch.Tensor, block_size: int | None = None) -> Gathered:
+    def all_gather(self, payload: torch.Tensor, block_size: int | None = None,
+                   async_op: bool = False) -> Gathered | Work:
         """Every (living) worker's message (its row of ``payload`` [m, B], e.g. a codec's bytes) to
         every (living) member of its group: all n workers, or its block of ``block_size``
         consecutive workers. A ring all-gather of one row's bytes. A gone worker receives nothing:
-        what its rows of a combination of the messages hold is not defined."""
+        what its rows of a combination of the messages hold is not defined. ``async_op``: started,
+        not finished — returns the :class:`Work` whose ``wait()`` returns the messages."""
         size = block_size or self.n
         groups = self.living(self._everyone if size == self.n else self._block_groups_of(size))
-        gathered = self._all_gather(payload.contiguous(), groups)
+        payload = payload.contiguous()
+        gathered = self._start_all_gather(payload, groups) if async_op else self._all_gather(payload, groups)
         self._record(Transfer("allgather", row_bytes(payload), "block" if block_size else "global", groups=groups))
         return gathered
 
@@ -425,6 +462,15 @@ class Engine:
 
     def _all_gather(self, payload: torch.Tensor, groups: Groups) -> Gathered:
         raise NotImplementedError
+
+    def _start_groups_mean(self, X: torch.Tensor, groups: Groups) -> Work:
+        """``_groups_mean_`` started in the background; here: done at once."""
+        self._groups_mean_(X, groups)
+        return Work.done(X)
+
+    def _start_all_gather(self, payload: torch.Tensor, groups: Groups) -> Work:
+        """``_all_gather`` started in the background; here: done at once."""
+        return Work.done(self._all_gather(payload, groups))
 
     def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None, over: Groups | None) -> torch.Tensor:
         raise NotImplementedError

@@ -43,13 +43,12 @@ a lost peer raises :class:`PeerLost` with one line naming it.
 from __future__ import annotations
 
 import atexit
-import collections
-import ctypes
+import contextlib
 import os
-import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Callable
 
 import numpy as np
 import torch
@@ -57,10 +56,11 @@ import torch.distributed as dist
 
 from ..groups import Groups
 from ..topology import Mixing
-from .base import Engine, Gathered, combine
+from .base import Engine, Gathered, Work, combine
 from .failures import PeerLost, Watchdog
 from .ledger import METRICS, Transfer
 from .wire import WireTap
+from .works import release_works, retain
 
 
 @dataclass
@@ -84,52 +84,6 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name == "nccl" and device.type != "cuda":
         raise ValueError("dist_backend 'nccl' needs device=cuda; use dist_backend=gloo (or auto) on CPU")
     return name
-
-
-# The collectives' work objects, held here so that gloo's worker thread does not drop the last
-# reference to one while the interpreter finalizes: a work destroyed on that thread frees its
-# tensors' Python objects, which takes the GIL — and a thread that takes the GIL while the
-# interpreter finalizes is ended inside a C++ destructor: "terminate called without an active
-# exception" (docs/distributed.md). gloo's thread lets go of a work only after wait() has returned
-# (it marks the work completed, then does its bookkeeping, takes its queue lock and drops its
-# reference; measured: in 2-3 % of collectives it still holds the work when the *next* collective
-# has returned, for up to a few ms on loaded cores). So every work is held from its start; the
-# engine frees the finished ones on the main thread at the start of its next collective
-# (`release_works`), so a finished collective's tensors live until then (within the next step of a
-# loop that calls the engine every step), and where gloo's thread still holds one, that thread
-# frees it, harmlessly, while the program runs. At exit whatever is held is leaked (never freed:
-# the OS reclaims it), and if works were released less than `_EXIT_GRACE` seconds before, the
-# main thread sleeps out the rest (the GIL released) before the interpreter finalizes, so that
-# gloo's thread is done with them. The bound only matters for works retained where no engine
-# collective follows (the DDP comm hook's, which hold DDP's own bucket buffers): the oldest goes.
-_RECENT_WORK: collections.deque = collections.deque(maxlen=1024)
-_EXIT_GRACE = 0.1  # seconds: ~25× the longest lag measured with 2 cores busy with other processes
-_released_at = -float("inf")  # time.monotonic() of the last release that freed works
-
-
-def retain(work) -> None:
-    """Hold a collective's ``work`` past its completion (see ``_RECENT_WORK``)."""
-    _RECENT_WORK.append(work)
-
-
-def release_works() -> None:
-    """Free the held works of finished collectives (see ``_RECENT_WORK``); unfinished ones stay.
-    Only on a thread the interpreter joins before it finalizes (the main thread, a non-daemon
-    thread): freeing a work takes the GIL again inside its C++ destructor."""
-    global _released_at
-    if threading.current_thread().daemon:
-        return
-    pending = [w for w in _RECENT_WORK if not w.is_completed()]
-    if len(pending) < len(_RECENT_WORK):
-        _RECENT_WORK.clear()  # the finished works are destroyed here (or by gloo's thread, a moment later)
-        _RECENT_WORK.extend(pending)
-        _released_at = time.monotonic()
-
-
-@atexit.register
-def _leak_recent_work() -> None:
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(_RECENT_WORK))
-    time.sleep(max(0.0, _released_at + _EXIT_GRACE - time.monotonic()))  # atexit runs before finalization
 
 
 def attempt_store(timeout: timedelta) -> dict:
@@ -215,9 +169,18 @@ class DistEngine(Engine):
     # ------------------------------------------------------------------ primitives
 
     def _groups_mean_(self, X: torch.Tensor, groups: Groups) -> None:
+        self._groups_mean(X, groups, deferred=False)()
+
+    def _start_groups_mean(self, X: torch.Tensor, groups: Groups) -> Work:
+        finish = self._groups_mean(X, groups, deferred=True)
+        return Work(lambda: finish() or X)
+
+    def _groups_mean(self, X: torch.Tensor, groups: Groups, deferred: bool) -> Callable[[], None]:
         """Each group's members' rows ← their mean: the sum of the local members' rows, all-reduced
         among the processes holding members (nothing when one holds them all), over the members.
-        Consecutive blocks of all workers (nodes) as views of the rows."""
+        Consecutive blocks of all workers (nodes) as views of the rows. Returns what completes it:
+        the waits for the all-reduces (``deferred``: still in flight) and the writes of the means."""
+        writes = []
         if groups.consecutive and groups.member is None:
             for local, group, ranks in self._blocks(groups.size):
                 part = X[local]
@@ -225,16 +188,22 @@ class DistEngine(Engine):
                     part.copy_(part.mean(0, keepdim=True).expand_as(part))
                     continue
                 total = part.sum(0)
-                self._all_reduce(total, group, ranks)
-                part.copy_((total / groups.size).expand_as(part))
-            return
-        for members, ranks, group in self._shares(groups):
-            if self.rank in ranks:
-                local = self._local(members, X.device)
-                total = X.index_select(0, local).sum(0)
-                if group is not None:
-                    self._all_reduce(total, group, ranks)
-                X.index_copy_(0, local, (total / len(members)).expand(len(local), -1).contiguous())
+                writes.append((self._all_reduce(total, group, ranks, deferred),
+                               lambda part=part, total=total: part.copy_((total / groups.size).expand_as(part))))
+        else:
+            for members, ranks, group in self._shares(groups):
+                if self.rank in ranks:
+                    local = self._local(members, X.device)
+                    total = X.index_select(0, local).sum(0)
+                    wait = self._all_reduce(total, group, ranks, deferred) if group is not None else lambda: None
+                    writes.append((wait, lambda local=local, total=total, k=len(members): X.index_copy_(
+                        0, local, (total / k).expand(len(local), -1).contiguous())))
+
+        def finish() -> None:
+            for wait, write in writes:
+                wait()
+                write()
+        return finish
 
     def _rows_mean(self, T: torch.Tensor, workers: torch.Tensor | None, over: Groups | None) -> torch.Tensor:
         lo, hi = self.rows.start, self.rows.stop
@@ -283,22 +252,34 @@ class DistEngine(Engine):
         return torch.cat([rows, *received]) if received else rows
 
     def _all_gather(self, payload: torch.Tensor, groups: Groups) -> Gathered:
+        return self._all_gathered(payload, groups, deferred=False)()
+
+    def _start_all_gather(self, payload: torch.Tensor, groups: Groups) -> Work:
+        return Work(self._all_gathered(payload, groups, deferred=True))
+
+    def _all_gathered(self, payload: torch.Tensor, groups: Groups, deferred: bool) -> Callable[[], Gathered]:
         """Per block holding rows here: its members' rows, gathered among the processes that hold
-        members (each share padded to the largest); a gone member's seat zeros."""
+        members (each share padded to the largest); a gone member's seat zeros. Returns what
+        completes it (``deferred``: the all-gathers still in flight) and gives the messages."""
         size = groups.size
         shares = {int(share[0][0]) // size: share for share in self._shares(groups)}  # by block
         first, last = self.rows.start // size, (self.rows.stop - 1) // size
         messages = torch.zeros(last - first + 1, size, payload.shape[1], dtype=payload.dtype, device=payload.device)
+        blocks = []
         for b in range(first, last + 1):
             members, ranks, group = shares.get(b, (None, (), None))
-            if self.rank not in ranks:
-                continue  # its rows here are gone: they receive nothing
-            for ids, part in self._gathered(payload, members, ranks, group):
-                messages[b - first, torch.as_tensor(ids - b * size, device=payload.device)] = part
+            if self.rank in ranks:  # else its rows here are gone: they receive nothing
+                blocks.append((b, self._gathered(payload, members, ranks, group, deferred)))
         row_group = (torch.arange(self.rows.start, self.rows.stop, device=payload.device) // size) - first
         member = None if groups.member is None else torch.tensor(
             groups.member[first * size : (last + 1) * size], device=payload.device).view(-1, size)
-        return Gathered(messages, row_group, member)
+
+        def finish() -> Gathered:
+            for b, parts in blocks:
+                for ids, part in parts():
+                    messages[b - first, torch.as_tensor(ids - b * size, device=payload.device)] = part
+            return Gathered(messages, row_group, member)
+        return finish
 
     def _gather_scalars(self, values: torch.Tensor, over: Groups) -> torch.Tensor:
         """One value per member of ``over`` (a gone worker's 0), all n in worker order: an all-gather
@@ -307,24 +288,33 @@ class DistEngine(Engine):
         ((members, ranks, group),) = self._shares(over)
         full = torch.zeros(self.n, dtype=values.dtype, device=self.device)
         if self.rank in ranks:
-            for ids, part in self._gathered(values, members, ranks, group):
+            for ids, part in self._gathered(values, members, ranks, group)():
                 full[torch.as_tensor(ids, device=self.device)] = part
         self._share(full, ranks)
         return full
 
-    def _gathered(self, rows: torch.Tensor, members: np.ndarray, ranks: tuple[int, ...], group) -> list:
+    def _gathered(self, rows: torch.Tensor, members: np.ndarray, ranks: tuple[int, ...], group,
+                  deferred: bool = False) -> Callable[[], list]:
         """(global ids, their rows) of each process's ``members`` of one group: this process's rows
         of ``rows`` [m, ...] all-gathered among the processes ``ranks`` that hold members, each
-        share padded to the largest (nothing moves when this process holds them all)."""
+        share padded to the largest (nothing moves when this process holds them all). Returns
+        the function that gives them (``deferred``: once the all-gather, still in flight, is done)."""
         held = [members[members // self.m == q] for q in ranks]
         mine = rows.new_zeros(max(map(len, held)), *rows.shape[1:])
         mine[: len(held[ranks.index(self.rank)])] = rows[self._local(members, rows.device)]
-        parts = [mine]
+        parts, wait = [mine], lambda: None
         if group is not None:
             parts = [torch.empty_like(mine) for _ in ranks]
             self._hand("all_gather", ranks, mine)
-            self._run("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True), timed=True)
-        return [(ids, part[: len(ids)]) for ids, part in zip(held, parts)]
+            wait = self._launch("all-gather", lambda: dist.all_gather(parts, mine, group=group, async_op=True),
+                                timed=True, deferred=deferred)
+            if not deferred:
+                wait()
+
+        def given() -> list:
+            wait()
+            return [(ids, part[: len(ids)]) for ids, part in zip(held, parts)]
+        return given
 
     def gather_rows(self, T: torch.Tensor) -> torch.Tensor | None:
         """The full [n, ...] tensor of a local [m, ...] one, in worker order, on rank 0 (bookkeeping)."""
@@ -403,11 +393,18 @@ class DistEngine(Engine):
         if self.wire is not None:
             self.wire.hand(kind, ranks, tensor.nbytes)
 
-    def _all_reduce(self, total: torch.Tensor, group, ranks: tuple[int, ...]) -> None:
-        """Sum ``total`` (in place) over the processes ``ranks`` (their subgroup ``group``)."""
-        if total.numel():
-            self._hand("all_reduce", ranks, total)
-            self._run("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True), timed=True)
+    def _all_reduce(self, total: torch.Tensor, group, ranks: tuple[int, ...],
+                    deferred: bool = False) -> Callable[[], None]:
+        """Sum ``total`` (in place) over the processes ``ranks`` (their subgroup ``group``): started,
+        and waited for now, or by the returned function where ``deferred``."""
+        if not total.numel():
+            return lambda: None
+        self._hand("all_reduce", ranks, total)
+        wait = self._launch("all-reduce", lambda: dist.all_reduce(total, group=group, async_op=True), timed=True,
+                            deferred=deferred)
+        if not deferred:
+            wait()
+        return wait
 
     def _share(self, result: torch.Tensor, ranks: tuple[int, ...]) -> None:
         """Every process ← ``result`` of the processes ``ranks`` that computed it, where some did
@@ -416,27 +413,53 @@ class DistEngine(Engine):
             self.broadcast_(result, src=ranks[0])
 
     def _run(self, what: str, start, peers: list[int] | None = None, timed: bool = False) -> None:
-        """Start a communication op and wait for it at most the op timeout; failures → PeerLost.
-        ``timed``: its wall time counts, by the level of the transfer it belongs to, when the engine
-        is timed."""
+        """Start a communication op and wait for it (:meth:`_launch`)."""
+        self._launch(what, start, peers, timed)()
+
+    def _launch(self, what: str, start, peers: list[int] | None = None, timed: bool = False,
+                deferred: bool = False) -> Callable[[], None]:
+        """Start a communication op (``start()`` returns its works); returns the function that
+        waits for it (once: a second call returns at once), at most the op timeout each;
+        failures → PeerLost. ``timed``: its wall time counts, by the level of the transfer it belongs to, when the engine is timed — for a
+        ``deferred`` op (waited where its result is consumed, after its transfer is recorded) the
+        time spent waiting for it, which is the algorithm's."""
         self._watch.ops += 1
         release_works()  # the earlier collectives' works, finished: freed here, before this one starts
         clock = self.timed and timed
-        try:
-            if clock:
-                self._sync()
-                began = time.perf_counter()
+        if clock and not deferred:
+            self._sync()
+        began = time.perf_counter()
+        with self._failures(what, peers):
             work = start()
-            works = work if isinstance(work, list) else [work] if work is not None else []
-            for w in works:
-                retain(w)
-                w.wait(self._op_timeout)
+        works = list(work) if isinstance(work, list) else [work] if work is not None else []
+        for w in works:
+            retain(w)
+        waited = []
+
+        def wait() -> None:
+            if waited:
+                return
+            waited.append(True)
+            waiting = time.perf_counter()
+            with self._failures(what, peers):
+                for w in works:
+                    w.wait(self._op_timeout)
             if clock:
                 self._sync()
-                self._pending += time.perf_counter() - began
+                if deferred:
+                    self._seconds["algorithm"] += time.perf_counter() - waiting
+                else:
+                    self._pending += time.perf_counter() - began
+        return wait
+
+    @contextlib.contextmanager
+    def _failures(self, what: str, peers: list[int] | None):
+        """A failed op (DistBackendError, a timeout, a closed connection) → PeerLost."""
+        try:
+            yield
         except PeerLost:
             raise
-        except RuntimeError as e:  # DistBackendError, timeouts, closed connections
+        except RuntimeError as e:
             if os.environ.get("GOSSAMER_DEBUG"):
                 raise
             raise self.lost(f"{what} failed", peers) from e

@@ -41,8 +41,9 @@ from ..algorithms import Context, begin_step, build_schedule
 from ..algorithms.gossip import gossip_state, local_estimate
 from ..config import from_dict
 from ..engines.base import Engine
-from ..engines.dist import DistEngine, env_world_size, release_works, retain
+from ..engines.dist import DistEngine, env_world_size
 from ..engines.ledger import Ledger
+from ..engines.works import release_works, retain
 from ..registry import ConfigError
 from ..workers import bind_row, float_buffers, layout
 
@@ -435,12 +436,7 @@ class DiLoCo(Synchronizer):
         return {"outer_optimizer": lambda cols: _TorchOuter(self, cols)}
 
     def _ended_synced(self) -> bool:
-        """Every model is x_outer, the same on every worker, only where the whole row is applied
-        unmixed (one fragment, α = 0, no outer topology, not eager: its replicas differ): τ steps
-        after a send."""
-        s = self.schedule
-        return (len(s.fragments) == 1 and s.topology is None and not s.alpha and s.overlap != "eager"
-                and s.sends(0, self._step.t - s.delay))
+        return self.schedule.synced_after(self._step.t)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "outer_optimizer": self.outer_optimizer.state_dict()}
