@@ -144,7 +144,7 @@ def _one_model(name: str, n: int, b: int):
     torch.manual_seed(0)
     model = build_model(load_config(None, [f"model={name}"]), data).to(DEVICE).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True)
-    return model, opt, TASKS[data.task].loss, x, y
+    return model, opt, TASKS[data.task].build().loss, x, y
 
 
 def one_model_step(name: str, n: int, b: int):

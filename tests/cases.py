@@ -238,16 +238,17 @@ ONE_PER_PROCESS = ("allreduce", "gossip", "choco", "sgp", "gradient-tracking", "
 def byzantine_pairs() -> dict[str, list[str]]:
     """Every attack × aggregator pair a family takes: local SGD (the all-reduce family) and gossip on
     a ring, 6 workers, worker 3 Byzantine (the 2-process launch holds it in its second process)."""
-    from gossamer.byzantine import ALLREDUCE_AGGREGATORS, ATTACKS, GOSSIP_AGGREGATORS, GRAPH_ATTACKS
+    from gossamer.byzantine import aggregators, attacks
+    from gossamer.robust import AGGREGATORS
 
-    families = {"local": (["algorithm=local", "local_steps=2"], ALLREDUCE_AGGREGATORS),
-                "gossip": (["algorithm=gossip", "topology=ring"], GOSSIP_AGGREGATORS)}
+    families = {"local": (["algorithm=local", "local_steps=2"], "allreduce"),
+                "gossip": (["algorithm=gossip", "topology=ring"], "gossip")}
     return {f"byzantine-pair-{family}-{attack}-{rule}": [*algorithm, "workers=6", "byzantine.workers=[3]",
                                                      f"byzantine.attack={attack}", f"byzantine.aggregator={rule}",
-                                                     *(["byzantine.clip=0.1"] if "clip" in rule and "self" not in rule
-                                                       else [])]
-            for family, (algorithm, rules) in families.items() for attack in ATTACKS[1:]
-            if family == "gossip" or attack not in GRAPH_ATTACKS for rule in rules}
+                                                     *(["byzantine.clip=0.1"] if "clip" in AGGREGATORS[rule].traits.get(
+                                                         "keys", ()) else [])]
+            for family, (algorithm, model) in families.items() for attack in attacks(model)
+            for rule in aggregators(model)}
 
 
 # groups that are not blocks, each spanning processes unevenly or one member a process: on 4 and

@@ -19,8 +19,8 @@ import torch
 from cases import SHORT
 from test_bad_input import one_line_error, sets
 
-from gossamer.byzantine import (ALLREDUCE_AGGREGATORS, ATTACKS, GOSSIP_AGGREGATORS, GRAPH_ATTACKS, Adversary,
-                                ByzantineConfig, alie_z, centered_clip, clip, krum, krum_scores, median, trimmed_mean)
+from gossamer.byzantine import Adversary, ByzantineConfig, aggregators, alie_z, attacks
+from gossamer.robust import centered_clip, clip, krum, krum_scores, median, trimmed_mean
 from gossamer.config import load_config
 from gossamer.engines.sim import SimEngine
 from gossamer.topology import build_topology
@@ -347,9 +347,8 @@ def test_the_hooks_take_no_byzantine_section():
                  byzantine={"workers": [0], "attack": "ipm"})
 
 
-FAMILIES = (("allreduce", ALLREDUCE_AGGREGATORS), ("gossip", GOSSIP_AGGREGATORS))
-PAIRS = [(family, attack, rule) for family, rules in FAMILIES
-         for attack in ATTACKS[1:] if family == "gossip" or attack not in GRAPH_ATTACKS for rule in rules]
+PAIRS = [(family, attack, rule) for family in ("allreduce", "gossip") for attack in attacks(family)
+         for rule in aggregators(family)]
 
 
 @pytest.mark.parametrize("family,attack,rule", PAIRS, ids=["-".join(p) for p in PAIRS])

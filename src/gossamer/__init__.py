@@ -1,7 +1,9 @@
 """gossamer: decentralized and communication-efficient training.
 
-``gossamer.run``, ``gossamer.load`` and ``gossamer.Data`` are the Python API (:mod:`gossamer.api`);
-plugins write against :mod:`gossamer.extend`."""
+``gossamer.run``, ``gossamer.load``, ``gossamer.Data`` and ``gossamer.Result`` are the Python API
+(:mod:`gossamer.api`); :data:`__version__` is the installed package's version string; plugins write
+against :mod:`gossamer.extend`, other training loops use :mod:`gossamer.integrations`. Names outside
+these three modules are internal (docs/extending.md, "Stability")."""
 
 API = ("Data", "Result", "load", "run")
 

@@ -33,10 +33,24 @@ from .tasks import TASKS
 
 @dataclass(frozen=True)
 class Data:
-    """A user's data: ``train`` and ``test`` each as (inputs, targets) tensors or arrays, or a torch
-    ``Dataset`` of (input, target) pairs (stacked once); ``task``: ``classification`` (targets are
-    class indices) or ``language-model`` (inputs and targets are token ids [N, T]);
-    ``num_classes``: the model's output size (default: the largest target, or token, + 1)."""
+    """A user's data for :func:`run`, handed to the run (never registered): the config names it ``python``.
+
+    Args:
+        train (tuple | torch.utils.data.Dataset): (inputs, targets) tensors or arrays, or a torch
+            ``Dataset`` of (input, target) pairs (stacked once).
+        test (tuple | torch.utils.data.Dataset): the test set, alike.
+        task (str): ``classification`` (targets are class indices) or ``language-model`` (inputs
+            and targets are token ids [N, T]).
+        num_classes (int | None): the model's output size (default: the largest target, or token, + 1).
+
+    Example::
+
+        >>> import torch, gossamer
+        >>> x, y = torch.randn(96, 40), torch.arange(96) % 4
+        >>> data = gossamer.Data(train=(x[:64], y[:64]), test=(x[64:], y[64:]))
+        >>> data.dataset().num_classes
+        4
+    """
 
     train: Any
     test: Any
@@ -44,8 +58,8 @@ class Data:
     num_classes: int | None = None
 
     def dataset(self) -> Dataset:
-        if self.task not in TASKS:
-            raise ConfigError(f"Data task must be one of: {', '.join(TASKS)}; got {short(self.task)}")
+        if self.task not in TASKS.names():
+            raise ConfigError(f"Data task must be one of: {', '.join(TASKS.names())}; got {short(self.task)}")
         (x_train, y_train), (x_test, y_test) = _tensors(self.train, "train"), _tensors(self.test, "test")
         if x_train.shape[1:] != x_test.shape[1:]:
             raise ConfigError(f"Data train and test inputs differ in shape: {list(x_train.shape[1:])} and "
@@ -53,7 +67,7 @@ class Data:
         for name, y in (("train", y_train), ("test", y_test)):
             if y.is_floating_point() or y.dtype == torch.bool:
                 raise ConfigError(f"Data {name} targets must be integer class or token ids, got {y.dtype}")
-        tokens = [x_train, x_test] if self.task == "language-model" else []
+        tokens = [x_train, x_test] if TASKS[self.task].traits["targets"] == "tokens" else []
         ids = (y_train, y_test, *tokens)
         lowest, largest = int(min(t.min() for t in ids)), int(max(t.max() for t in ids))
         if lowest < 0:
@@ -81,8 +95,22 @@ def _tensors(part: Any, name: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class Result:
-    """A run: its config (as config.yaml holds it), metric rows, summary and final worker matrix
-    X [n, d] (row i: worker i's parameters, flattened); ``path``: its run directory, if any."""
+    """A run, as :func:`run` and :func:`load` give it.
+
+    Args:
+        config (dict): its config, as config.yaml holds it.
+        rows (list[dict]): its metric rows (metrics.jsonl).
+        summary (dict): its summary (summary.json).
+        x (Tensor): the final worker matrix X [n, d] (row i: worker i's parameters, flattened).
+        path (Path | None): its run directory, if any.
+
+    Example::
+
+        >>> import torch, gossamer
+        >>> result = gossamer.Result({"workers": 2}, [{"step": 1, "loss": 2.3}], {"steps": 1}, torch.zeros(2, 5))
+        >>> result.rows[-1]["loss"], result.x.shape
+        (2.3, torch.Size([2, 5]))
+    """
 
     config: dict
     rows: list[dict]
@@ -102,17 +130,39 @@ class Result:
 
 def run(config: dict | str | Path | Config, model: Callable[[], nn.Module] | nn.Module | None = None,
         data: Data | None = None, out: str | Path | None = None, progress: bool = False) -> Result:
-    """Train ``config`` (a dict of keys, a YAML file or a :class:`Config`) on the simulator and
-    return the :class:`Result`. ``model``: an ``nn.Module`` (a copy of it is trained) or a function
-    that builds one (called once, after torch's global generator is seeded with the run's seed);
-    ``data``: a :class:`Data`. Both are handed to the run, not registered anywhere; the config
-    names them ``python``. With ``out``, the run directory is written as ``gossamer train --out``
-    writes it (an existing run is not replaced).
+    """Train a config on the simulator and return its :class:`Result`.
 
-    Torch's global generators are as the caller left them once the call returns (the run seeds
-    them to initialise its model, one run at a time), and runs in several threads at once give
-    the results each gives alone: but a model that draws from torch's global generator as it
-    trains (dropout) shares that generator with runs in other threads."""
+    ``model`` and ``data`` are handed to the run, not registered anywhere; the config names them
+    ``python``. Torch's global generators are as the caller left them once the call returns (the
+    run seeds them to initialise its model, one run at a time), and runs in several threads at
+    once give the results each gives alone: but a model that draws from torch's global
+    generator as it trains (dropout) shares that generator with runs in other threads.
+
+    Args:
+        config (dict | str | Path | Config): the keys of ``gossamer train`` as a dict, or a YAML file.
+        model (Callable[[], nn.Module] | nn.Module | None): an ``nn.Module`` (a copy of it is
+            trained) or a function that builds one (called once, after torch's global generator is
+            seeded with the run's seed); None: the config's ``model``.
+        data (Data | None): the data; None: the config's ``dataset``.
+        out (str | Path | None): a run directory to write, as ``gossamer train --out`` writes it
+            (an existing run is not replaced); None: none.
+        progress (bool): show a progress bar.
+
+    Returns:
+        Result: the run (read back from ``out`` when given).
+
+    Example::
+
+        >>> import torch, gossamer
+        >>> x, y = torch.randn(96, 40), torch.randint(0, 10, (96,))
+        >>> def model():
+        ...     return torch.nn.Sequential(torch.nn.Linear(40, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+        >>> result = gossamer.run({"algorithm": "gossip", "topology": "ring", "workers": 4, "epochs": 1,
+        ...                        "batch_size": 8}, model=model, data=gossamer.Data(train=(x[:64], y[:64]),
+        ...                                                                          test=(x[64:], y[64:])))
+        >>> result.summary["steps"], result.x.shape, result.config["model"]
+        (2, torch.Size([4, 1642]), 'python')
+    """
     from .runner import run_training
     from .train import build_run, resolve_device, train
 
@@ -133,8 +183,26 @@ def run(config: dict | str | Path | Config, model: Callable[[], nn.Module] | nn.
 
 
 def load(path: str | Path) -> Result:
-    """The :class:`Result` of a run directory (its config.yaml, metrics.jsonl, summary.json and
-    the worker matrix of its last checkpoint)."""
+    """Read a run directory back as its :class:`Result`.
+
+    Args:
+        path (str | Path): the run directory (of ``gossamer train --out`` or :func:`run`'s ``out``).
+
+    Returns:
+        Result: its config.yaml, metrics.jsonl, summary.json and the worker matrix of its last checkpoint.
+
+    Example::
+
+        >>> import tempfile, torch, gossamer
+        >>> x, y = torch.randn(72, 40), torch.randint(0, 10, (72,))
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = gossamer.run({"algorithm": "allreduce", "model": "mlp", "workers": 4, "epochs": 1,
+        ...                       "batch_size": 8}, data=gossamer.Data(train=(x[:64], y[:64]), test=(x[64:], y[64:])),
+        ...                      out=f"{tmp}/run")
+        ...     result = gossamer.load(f"{tmp}/run")
+        >>> result.config["algorithm"], result.summary["steps"], result.x.shape[0]
+        ('allreduce', 2, 4)
+    """
     from .rundir import load_checkpoint, read_rows, read_summary, saved_config
 
     path = Path(path)
@@ -243,5 +311,5 @@ def _fits(model: nn.Module, data: Dataset) -> nn.Module:
         raise ConfigError(f"model must return a tensor of logits, got {type(out).__name__}")
     if out.shape[-1] != data.num_classes:
         raise ConfigError(f"model returns {out.shape[-1]} values a sample; the data has {data.num_classes} "
-                          f"{'tokens' if data.task == 'language-model' else 'classes'} (Data num_classes)")
+                          f"{TASKS[data.task].traits['targets']} (Data num_classes)")
     return model

@@ -63,6 +63,10 @@ j ∈ N(i) (W's weights w_ij; the exchange is the gossip round itself):
 A Byzantine worker's own row takes no part in the honest metrics; with an attack that crafts its
 messages it still receives like the others (the all-reduce family's aggregate; in gossip the
 unattacked messages), so that its row stays finite.
+
+Attacks and aggregators are registries (:data:`ATTACKS`, :data:`AGGREGATORS`): an entry's build is
+its rule, and its traits say what it needs (σ, a graph, noise draws; the families it applies to,
+the keys it takes), so the engine and the training loop ask the :class:`Adversary`, never a name.
 """
 
 from __future__ import annotations
@@ -70,21 +74,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
+from typing import Callable
 
 import numpy as np
 import torch
 
-from .registry import ConfigError, short
+from .registry import ConfigError, Entry, Registry, short
 from .rng import declare, host_stream, row_normals
+from .robust import AGGREGATORS, Received, aggregators
 
-ATTACKS = ("none", "sign-flip", "ipm", "alie", "gaussian", "label-flip", "dissensus")
-GRAPH_ATTACKS = ("dissensus",)  # need a receiver's neighbourhood
-CRAFTED = ("sign-flip", "ipm", "alie", "gaussian", "dissensus")  # the attacks that replace messages
-ALLREDUCE_AGGREGATORS = ("mean", "median", "trimmed-mean", "krum", "multi-krum", "centered-clip")
-GOSSIP_AGGREGATORS = ("mean", "median", "trimmed-mean", "clipped-gossip", "self-centered-clip")
+# an attack's build is what its Byzantine workers send: build(s, μ, σ) from the honest messages'
+# moments, unless a trait says otherwise ("none", the section's default, is no attack: no entry)
+ATTACKS = Registry("byzantine.attack", traits={
+    "strength": "its s, ε or z unless byzantine.strength gives one: a number, or (n, f) → it (alie's z_max)",
+    "sigma": "True: its message needs the honest messages' σ (else build may get σ = None)",
+    "noise": "True: it sends noise, build(s, z) from standard normal draws z (s a deviation: > 0)",
+    "graph": "True: it needs a receiver's neighbourhood, build(s, x_i, pull_i): gossip only",
+    "flips_labels": "True: its workers train on the labels build(y, C) and send what they train, crafting nothing"})
 MAX_CLIP_ITERATIONS = 1000  # centered clipping's L: every aggregation runs all of them
-MAJORITY = ("median", "trimmed-mean", "krum", "multi-krum", "centered-clip")  # guarantees need f < n/2
-DEFAULT_STRENGTH = {"sign-flip": 1.0, "ipm": 0.1, "gaussian": 1.0, "dissensus": 1.0}
 NOISE = declare("byzantine-noise", "the gaussian attack's message of a Byzantine worker", ("call",), row="worker")
 CHOICE = declare("byzantine-workers", "the Byzantine workers byzantine.fraction draws", ())
 
@@ -128,51 +135,51 @@ class ByzantineConfig:
                               f"byzantine.workers or byzantine.fraction")
         if f >= n:
             raise ConfigError(f"byzantine: every worker is Byzantine ({f} of {n}); keep at least one honest")
-        if self.attack not in ATTACKS:
-            raise ConfigError(f"unknown byzantine.attack '{short(self.attack)}'; choose one of: {', '.join(ATTACKS)}")
+        if self.attack != "none" and self.attack not in ATTACKS.names():
+            raise ConfigError(f"unknown byzantine.attack '{short(self.attack)}'; choose one of: none, "
+                              f"{', '.join(ATTACKS.names())}")
         if f and self.attack == "none":
             raise ConfigError(f"byzantine: {f} Byzantine worker(s) need an attack; choose one of: "
-                              f"{', '.join(ATTACKS[1:])} (or none of them Byzantine)")
+                              f"{', '.join(ATTACKS.names())} (or none of them Byzantine)")
         if family is None:
             allowed = [e.name for e in algorithms.entries.values() if e.traits.get("byzantine")]
             raise ConfigError(f"byzantine applies to the algorithms {', '.join(allowed)}; algorithm "
                               f"{cfg.algorithm} has no Byzantine model")
-        aggregators = GOSSIP_AGGREGATORS if family == "gossip" else ALLREDUCE_AGGREGATORS
-        if self.aggregator not in aggregators:
+        if self.aggregator not in aggregators(family):
             raise ConfigError(f"byzantine.aggregator '{short(self.aggregator)}' does not apply to algorithm "
-                              f"{cfg.algorithm}; choose one of: {', '.join(aggregators)}")
-        if self.attack in GRAPH_ATTACKS and family != "gossip":
+                              f"{cfg.algorithm}; choose one of: {', '.join(aggregators(family))}")
+        if self.attack not in ("none", *attacks(family)):
             raise ConfigError(f"byzantine.attack {self.attack} needs a graph (a worker's neighbours): algorithm "
                               f"{cfg.algorithm} has none; use algorithm gossip")
-        group = cfg.block_size if cfg.algorithm == "hierarchical" else n  # the smallest set a rule aggregates
-        self._validate_parameters(n, f, group)
+        grouped = algorithms[cfg.algorithm].traits.get("byzantine_group")  # the smallest set a rule aggregates
+        self._validate_parameters(n, f, getattr(cfg, grouped) if grouped else n, grouped)
         if self.clean_reference and (cfg.engine != "sim" or not self.active(n)):
             raise ConfigError("byzantine.clean_reference trains the clean run beside this one in the simulator: it "
                               "needs engine sim and a Byzantine worker or a robust aggregator"
                               if cfg.engine == "sim" else "byzantine.clean_reference applies to engine sim only")
 
-    def _validate_parameters(self, n: int, f: int, group: int) -> None:
+    def _validate_parameters(self, n: int, f: int, group: int, grouped: str | None) -> None:
         if self.strength is not None:
-            strong = (*DEFAULT_STRENGTH, "alie")
+            strong = [e.name for e in ATTACKS.entries.values() if "strength" in e.traits]
             if self.attack not in strong:
                 raise ConfigError(f"byzantine.strength applies to the attacks {', '.join(strong)}, not {self.attack}")
-            positive = self.attack == "gaussian"
+            positive = self.declares("noise")
             if not math.isfinite(self.strength) or (positive and self.strength <= 0):
                 raise ConfigError(f"byzantine.strength must be a finite number{' > 0' if positive else ''}, "
                                   f"got {self.strength}")
-        if self.attack == "alie" and self.strength is None and f and math.floor(n / 2 + 1) - f < 1:
-            raise ConfigError(f"byzantine.attack alie's z_max = Φ⁻¹((n − s)/n) needs s = ⌊n/2 + 1⌋ − f ≥ 1 supporters: "
-                              f"f = {f} of n = {n} is too many; give byzantine.strength (z) or fewer Byzantine workers")
-        if self.aggregator in MAJORITY and 2 * f >= n:
+        elif f and self.declares("strength"):
+            self.strength_of(n, f)  # a default may refuse n and f (alie's z_max needs supporters)
+        rule = AGGREGATORS[self.aggregator].traits
+        if rule.get("majority") and 2 * f >= n:
             raise ConfigError(f"byzantine.aggregator {self.aggregator} needs an honest majority: {f} of {n} workers "
                               f"are Byzantine (f < n/2)")
-        needs = {"clip": ("centered-clip", "clipped-gossip"), "clip_iterations": ("centered-clip",),
-                 "trim": ("trimmed-mean",), "krum": ("krum", "multi-krum")}
-        for key, aggregators in needs.items():
-            if getattr(self, key) != getattr(ByzantineConfig, key, None) and self.aggregator not in aggregators:
-                raise ConfigError(f"byzantine.{key} applies to the aggregator{'s' * (len(aggregators) > 1)} "
-                                  f"{' and '.join(aggregators)}, not {self.aggregator}")
-        if self.aggregator in needs["clip"] and not (self.clip is not None and 0 < self.clip < math.inf):
+        keys = rule.get("keys", ())
+        for key in ("clip", "clip_iterations", "trim", "krum"):
+            takers = [e.name for e in AGGREGATORS.entries.values() if key in e.traits.get("keys", ())]
+            if getattr(self, key) != getattr(ByzantineConfig, key, None) and key not in keys:
+                raise ConfigError(f"byzantine.{key} applies to the aggregator{'s' * (len(takers) > 1)} "
+                                  f"{' and '.join(takers)}, not {self.aggregator}")
+        if "clip" in keys and not (self.clip is not None and 0 < self.clip < math.inf):  # clip: no default
             raise ConfigError(f"byzantine.aggregator {self.aggregator} needs byzantine.clip τ, a finite number > 0; "
                               f"got {self.clip}")
         if not 1 <= self.clip_iterations <= MAX_CLIP_ITERATIONS:
@@ -182,10 +189,10 @@ class ByzantineConfig:
             raise ConfigError(f"byzantine.trim must be in [0, {(n + 1) // 2}) (b values dropped at each end of n = "
                               f"{n}), got {self.trim}")
         krum_f = f if self.krum is None else self.krum
-        if self.aggregator in needs["krum"] and not (0 <= krum_f and 2 * krum_f + 2 < group):
+        if "krum" in keys and not (0 <= krum_f and 2 * krum_f + 2 < group):
             raise ConfigError(f"byzantine.aggregator {self.aggregator} needs 2f + 2 < n (Blanchard et al.) in every "
                               f"group it aggregates: f = {krum_f}{'' if self.krum is None else ' (byzantine.krum)'}, "
-                              f"{'block_size' if group < n else 'n'} = {group}")
+                              f"{grouped if group < n else 'n'} = {group}")
 
     def count(self, n: int) -> int:
         """f: how many workers are Byzantine."""
@@ -199,7 +206,18 @@ class ByzantineConfig:
 
     def active(self, n: int) -> bool:
         """Whether the section changes anything: a Byzantine worker, or a rule other than the mean."""
-        return self.count(n) > 0 or self.aggregator != "mean"
+        return self.count(n) > 0 or not AGGREGATORS[self.aggregator].traits.get("mean")
+
+    def declares(self, trait: str) -> bool:
+        """Whether the attack declares ``trait`` (attack none: nothing)."""
+        return self.attack != "none" and bool(ATTACKS[self.attack].traits.get(trait))
+
+    def strength_of(self, n: int, f: int) -> float:
+        """s, ε or z: ``strength``, else the attack's default for n workers, f of them Byzantine."""
+        if self.strength is not None:
+            return self.strength
+        default = ATTACKS[self.attack].traits["strength"]
+        return default(n, f) if callable(default) else default
 
 
 def byzantine_active(cfg) -> bool:
@@ -215,13 +233,50 @@ def family_of(cfg, algorithms) -> str | None:
     return algorithms[cfg.algorithm].traits.get("byzantine")
 
 
+def attacks(family: str) -> list[str]:
+    """The attacks a Byzantine model takes, in order (one that needs a graph: gossip only)."""
+    return [e.name for e in ATTACKS.entries.values() if family == "gossip" or not e.traits.get("graph")]
+
+
 def alie_z(n: int, f: int) -> float:
-    """Baruch et al.'s z_max = Φ⁻¹((n − s)/n), s = ⌊n/2 + 1⌋ − f the supporters the attack needs."""
+    """Baruch et al.'s z_max = Φ⁻¹((n − s)/n), s = ⌊n/2 + 1⌋ − f the supporters the attack needs
+    (refused without one)."""
     s = math.floor(n / 2 + 1) - f
+    if s < 1:
+        raise ConfigError(f"byzantine.attack alie's z_max = Φ⁻¹((n − s)/n) needs s = ⌊n/2 + 1⌋ − f ≥ 1 supporters: "
+                          f"f = {f} of n = {n} is too many; give byzantine.strength (z) or fewer Byzantine workers")
     return NormalDist().inv_cdf((n - s) / n)
 
 
-# ---------------------------------------------------------------- rules on [r, K, d] messages
+@ATTACKS.register("sign-flip", strength=1.0, help="−s·μ")
+def _sign_flip(s: float, mu: torch.Tensor, sigma: torch.Tensor | None) -> torch.Tensor:
+    return -s * mu
+
+
+ATTACKS.register("ipm", strength=0.1, help="−ε·μ: sign-flip's rule, small enough to pass a robust one")(_sign_flip)
+
+
+@ATTACKS.register("alie", strength=alie_z, sigma=True, help="μ − z·σ (A Little Is Enough)")
+def _alie(s: float, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
+    return mu - s * sigma
+
+
+@ATTACKS.register("gaussian", strength=1.0, noise=True, help="N(0, s²) in every coordinate")
+def _gaussian(s: float, z: np.ndarray) -> np.ndarray:
+    return s * z
+
+
+@ATTACKS.register("label-flip", flips_labels=True, help="trains on the labels y → C − 1 − y, sends what it gets")
+def _label_flip(y: torch.Tensor, classes: int) -> torch.Tensor:
+    return classes - 1 - y
+
+
+@ATTACKS.register("dissensus", strength=1.0, graph=True, help="to worker i, x_i − ε·pull_i (gossip only)")
+def _dissensus(s: float, x: torch.Tensor, pull: torch.Tensor) -> torch.Tensor:
+    return x - s * pull
+
+
+# ---------------------------------------------------------------- what the attacker reads
 
 def _moments(M: torch.Tensor, honest: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """μ and σ [r, d] over the messages ``honest`` [r, K] marks (σ with Bessel's correction, 0 for one)."""
@@ -232,87 +287,13 @@ def _moments(M: torch.Tensor, honest: torch.Tensor) -> tuple[torch.Tensor, torch
     return mu, var.sqrt()
 
 
-def _sorted(M: torch.Tensor, valid: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The messages sorted per coordinate along K, the invalid ones (``valid`` [r, K] false) last;
-    and the count of valid ones [r, 1, 1]."""
-    if valid is None:
-        return M.sort(1).values, torch.full((M.shape[0], 1, 1), M.shape[1], device=M.device)
-    filled = torch.where(valid.unsqueeze(-1), M, torch.full_like(M, math.inf))
-    return filled.sort(1).values, valid.sum(1).view(-1, 1, 1)
-
-
-def median(M: torch.Tensor, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Coordinate-wise median over K [r, d]: the mean of the two middle values for an even count."""
-    S, c = _sorted(M, valid)
-    lower = S.gather(1, ((c - 1) // 2).expand(-1, 1, S.shape[2]))
-    upper = S.gather(1, (c // 2).expand(-1, 1, S.shape[2]))
-    return ((lower + upper) / 2).squeeze(1)
-
-
-def trimmed_mean(M: torch.Tensor, b: int, valid: torch.Tensor | None = None) -> torch.Tensor:
-    """Coordinate-wise mean over K [r, d] of the values left when the b largest and b smallest are
-    dropped (b lowered to (count − 1)//2 where fewer are left)."""
-    S, c = _sorted(M, valid)
-    b = torch.clamp((c - 1) // 2, max=b)
-    pos = torch.arange(S.shape[1], device=S.device).view(1, -1, 1)
-    keep = (pos >= b) & (pos < c - b)
-    return torch.where(keep, S, torch.zeros_like(S)).sum(1) / (c - 2 * b).squeeze(-1).to(S.dtype)
-
-
-def krum_scores(M: torch.Tensor, f: int) -> torch.Tensor:
-    """Krum's score of each of the K messages [r, K]: the sum of its K − f − 2 smallest squared
-    distances to the others."""
-    d2 = torch.cdist(M, M, compute_mode="donot_use_mm_for_euclid_dist").square()
-    d2.diagonal(dim1=1, dim2=2).fill_(math.inf)
-    return d2.sort(2).values[:, :, : M.shape[1] - f - 2].sum(2)
-
-
-def krum(M: torch.Tensor, f: int, select: int = 1) -> torch.Tensor:
-    """The mean of the ``select`` messages of lowest Krum score [r, d] (krum: 1; multi-krum: K − f)."""
-    chosen = krum_scores(M, f).argsort(dim=1, stable=True)[:, :select]
-    return M.gather(1, chosen.unsqueeze(-1).expand(-1, -1, M.shape[2])).mean(1)
-
-
-def clip(U: torch.Tensor, tau: torch.Tensor | float) -> torch.Tensor:
-    """CLIP(u, τ) = u·min(1, τ/‖u‖) along the last dimension (u itself where ‖u‖ ≤ τ, also u = 0
-    with τ = 0: self-centered clipping's τ_i is 0 when a neighbour sent x_i itself)."""
-    norm = U.norm(dim=-1, keepdim=True)
-    return torch.where(norm > tau, U * (tau / norm), U)
-
-
-def centered_clip(M: torch.Tensor, center: torch.Tensor, tau: float, iterations: int) -> torch.Tensor:
-    """v ← v + (1/K) Σ_j CLIP(m_j − v, τ), ``iterations`` times from ``center`` [r, d]."""
-    v = center
-    for _ in range(iterations):
-        v = v + clip(M - v.unsqueeze(1), tau).mean(1)
-    return v
-
-
-def clipped_gossip(x: torch.Tensor, M: torch.Tensor, weight: torch.Tensor, neighbour: torch.Tensor,
-                   tau: torch.Tensor | float) -> torch.Tensor:
-    """x_i + Σ_k w_ik CLIP(m_ik − x_i, τ_i) over the neighbour slots k [m, d] (x [m, d], M [m, K, d],
-    weight [m, K], ``neighbour`` [m, K]: the slots that are a neighbour with weight ≠ 0)."""
-    w = torch.where(neighbour, weight, torch.zeros_like(weight)).unsqueeze(-1)
-    tau = tau if isinstance(tau, float) else tau.view(-1, 1, 1)
-    return x + (w * clip(M - x.unsqueeze(1), tau)).sum(1)
-
-
-def second_largest_distance(x: torch.Tensor, M: torch.Tensor, neighbour: torch.Tensor) -> torch.Tensor:
-    """Self-centered clipping's τ_i [m]: the second-largest ‖m_ik − x_i‖ over i's neighbours (the
-    largest with one neighbour)."""
-    dist = torch.where(neighbour, (M - x.unsqueeze(1)).norm(dim=-1), torch.full_like(neighbour, -math.inf,
-                                                                                       dtype=M.dtype))
-    top = dist.topk(min(2, dist.shape[1]), dim=1).values
-    second = top[:, -1]
-    return torch.where(torch.isfinite(second), second, top[:, 0])
-
-
 # ---------------------------------------------------------------- the adversary in a run
 
 @dataclass
 class Adversary:
     """The run's Byzantine workers (``byzantine`` bool [n]), their attack and the aggregator;
-    the engine calls :meth:`aggregate` and :meth:`gossip`. State: centered clipping's centers
+    the engine calls :meth:`aggregate`, :meth:`gossip` and, before a plain mean, :meth:`craft_rows_`;
+    the training loop's batches :meth:`flip_labels_`. State: centered clipping's centers
     (one row per worker: its group's) and the count of operators so far (the noise's key)."""
 
     cfg: ByzantineConfig
@@ -338,8 +319,26 @@ class Adversary:
 
     @property
     def crafts(self) -> bool:
-        """Whether the attack replaces the Byzantine workers' messages."""
-        return self.f > 0 and self.cfg.attack in CRAFTED
+        """Whether the attack replaces the Byzantine workers' messages (all but one that flips labels)."""
+        return self.f > 0 and self.cfg.attack != "none" and not self.flips_labels
+
+    @property
+    def flips_labels(self) -> bool:
+        """Whether the Byzantine workers train on flipped labels (:meth:`flip_labels_`)."""
+        return self.cfg.declares("flips_labels")
+
+    @property
+    def plain_mean(self) -> bool:
+        """Whether the aggregator is the plain mean: the all-reduce family's is the engine's all-reduce."""
+        return bool(self.aggregator.traits.get("mean"))
+
+    @property
+    def attack(self) -> Entry:
+        return ATTACKS[self.cfg.attack]
+
+    @property
+    def aggregator(self) -> Entry:
+        return AGGREGATORS[self.cfg.aggregator]
 
     @property
     def honest(self) -> np.ndarray:
@@ -367,31 +366,58 @@ class Adversary:
         return {"byzantine_workers": self.f, "byzantine_ids": np.flatnonzero(self.byzantine).tolist()}
 
     def _strength(self) -> float:
-        if self.cfg.strength is not None:
-            return self.cfg.strength
-        n = len(self.byzantine)
-        return alie_z(n, self.f) if self.cfg.attack == "alie" else DEFAULT_STRENGTH[self.cfg.attack]
+        return self.cfg.strength_of(len(self.byzantine), self.f)
 
     def _noise(self, d: int, like: torch.Tensor) -> torch.Tensor:
-        """One N(0, s²) message per worker [n, d] (drawn for the Byzantine ones, zero for the others)."""
+        """One noise message per worker [n, d] (drawn for the Byzantine ones, zero for the others)."""
         noise, byzantine = np.zeros((len(self.byzantine), d)), np.flatnonzero(self.byzantine)
-        noise[byzantine] = self._strength() * row_normals(NOISE, self.seed, self.calls, rows=byzantine, width=d)
+        noise[byzantine] = self.attack.build(self._strength(), row_normals(NOISE, self.seed, self.calls,
+                                                                          rows=byzantine, width=d))
         return torch.from_numpy(noise).to(like)
 
     def crafted(self, M: torch.Tensor, honest: torch.Tensor, x: torch.Tensor | None = None,
                 pull: torch.Tensor | None = None) -> torch.Tensor:
         """The message [r, d] the Byzantine senders of each of r receivers (or groups) send, from
-        the honest messages ``honest`` [r, K] marks in M [r, K, d]; dissensus also takes the
-        receivers' models x [r, d] and ``pull`` [r, d] = Σ_honest w_ij (x_j − x_i) / Σ_Byzantine w_ib."""
-        if self.cfg.attack == "dissensus":
-            return x - self._strength() * pull
+        the honest messages ``honest`` [r, K] marks in M [r, K, d]; an attack that needs a graph
+        takes the receivers' models x [r, d] and ``pull`` [r, d] = Σ_honest w_ij (x_j − x_i) /
+        Σ_Byzantine w_ib instead."""
+        if self.cfg.declares("graph"):
+            return self.attack.build(self._strength(), x, pull)
         return self.message(*_moments(M, honest))
 
     def message(self, mu: torch.Tensor, sigma: torch.Tensor | None) -> torch.Tensor:
-        """The attack's message from the honest messages' mean μ and standard deviation σ:
-        μ − z·σ (alie) or −s·μ (sign-flip, ipm)."""
-        s = self._strength()
-        return mu - s * sigma if self.cfg.attack == "alie" else -s * mu
+        """The attack's message from the honest messages' mean μ and standard deviation σ."""
+        return self.attack.build(self._strength(), mu, sigma)
+
+    def craft_rows_(self, X: torch.Tensor, rows: range, size: int,
+                    rows_mean: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """Before the plain mean: the local Byzantine rows of X (``rows``: the local workers' ids) ←
+        the attack's message, from the honest rows of their block of ``size``. ``rows_mean(T,
+        workers)``: the mean of the given workers' rows of T, the engine's bookkeeping read (μ and,
+        for an attack that needs it, σ with Bessel's correction: an omniscient attacker's, not traffic)."""
+        self.calls += 1
+        byzantine = self.mask(X.device)[rows.start : rows.stop]
+        if self.cfg.declares("noise"):
+            X[byzantine] = self._noise(X.shape[1], X)[rows.start : rows.stop][byzantine]
+            return
+        block_of = torch.arange(rows.start, rows.stop, device=X.device) // size
+        # a block of Byzantine workers only has nobody to deceive and nothing to imitate: left out
+        for block, workers in self.honest_blocks(size, X.device):
+            mu = rows_mean(X, workers)
+            sigma = None
+            if self.cfg.declares("sigma"):
+                h = len(workers)
+                sigma = (rows_mean((X - mu).square(), workers) * (h / max(h - 1, 1))).sqrt()
+            X[byzantine & (block_of == block)] = self.message(mu, sigma)
+
+    def flip_labels_(self, y: torch.Tensor, rows: range, classes: int) -> None:
+        """The labels y [m, ...] of the local workers (``rows``: their ids), the Byzantine ones'
+        flipped by the attack (C = ``classes``), in place."""
+        key = ("flipped", rows.start, rows.stop, y.device)
+        if key not in self._on:
+            self._on[key] = torch.as_tensor(np.flatnonzero(self.byzantine[rows.start : rows.stop]), device=y.device)
+        flipped = self._on[key]
+        y[flipped] = self.attack.build(y[flipped], classes)
 
     # -------------------------------------------------------------- the all-reduce family
 
@@ -403,25 +429,20 @@ class Adversary:
         self.calls += 1
         if self.crafts:
             byz = self.mask(M.device)[members]
-            if self.cfg.attack == "gaussian":
+            if self.cfg.declares("noise"):
                 sent = self._noise(M.shape[2], M)[members]
             else:
                 sent = self.crafted(M, ~byz).unsqueeze(1).expand_as(M)
             M = torch.where(byz.unsqueeze(-1), sent, M)
-        rule, g = self.cfg.aggregator, M.shape[1]
-        f = self.f if self.cfg.krum is None else self.cfg.krum
-        if rule == "median":
-            return median(M)
-        if rule == "trimmed-mean":
-            return trimmed_mean(M, self.f if self.cfg.trim is None else self.cfg.trim)
-        if rule in ("krum", "multi-krum"):
-            return krum(M, f, 1 if rule == "krum" else g - f)
-        center = self.centers[site][rows] if site in self.centers else torch.zeros_like(M[:, 0])
-        return centered_clip(M, center, self.cfg.clip, self.cfg.clip_iterations)
+        center = None
+        if self.aggregator.traits.get("center"):
+            center = self.centers[site][rows] if site in self.centers else torch.zeros_like(M[:, 0])
+        return self.aggregator.build(self.cfg, self.f, Received(M, center=center))
 
     def keep_center(self, site: str, rows_like: torch.Tensor, values: torch.Tensor) -> None:
-        """Centered clipping: remember each local row's group aggregate ``values`` [m, d] at ``site``."""
-        if self.cfg.aggregator == "centered-clip":
+        """An aggregator with a center (centered clipping): remember each local row's group
+        aggregate ``values`` [m, d] at ``site``."""
+        if self.aggregator.traits.get("center"):
             self.centers.setdefault(site, torch.zeros_like(rows_like)).copy_(values)
 
     # -------------------------------------------------------------- gossip
@@ -439,27 +460,18 @@ class Adversary:
         if self.crafts:
             attacked = byz_of[senders] & neighbour & ~byz_of[receivers].unsqueeze(1)  # honest receivers only
             honest = ~byz_of[senders] & (neighbour | own)
-            if self.cfg.attack == "gaussian":
+            if self.cfg.declares("noise"):
                 sent = self._noise(x.shape[1], x)[senders]
             else:
                 pull = None
-                if self.cfg.attack == "dissensus":
+                if self.cfg.declares("graph"):
                     w_honest = torch.where(honest & neighbour, weight, torch.zeros_like(weight)).unsqueeze(-1)
                     w_byz = torch.where(attacked, weight, torch.zeros_like(weight)).sum(1, keepdim=True)
                     pull = (w_honest * (M - x.unsqueeze(1))).sum(1) / torch.where(w_byz != 0, w_byz,
                                                                                   torch.ones_like(w_byz))
                 sent = self.crafted(M, honest, x, pull).unsqueeze(1).expand_as(M)
             M = torch.where(attacked.unsqueeze(-1), sent, M)
-        rule = self.cfg.aggregator
-        if rule == "mean":
-            return (weight.unsqueeze(-1) * M).sum(1)
-        if rule in ("median", "trimmed-mean"):
-            valid = neighbour | own
-            if rule == "median":
-                return median(M, valid)
-            return trimmed_mean(M, self.f if self.cfg.trim is None else self.cfg.trim, valid)
-        tau = self.cfg.clip if rule == "clipped-gossip" else second_largest_distance(x, M, neighbour)
-        return clipped_gossip(x, M, weight, neighbour, tau)
+        return self.aggregator.build(self.cfg, self.f, Received(M, x, weight, neighbour, own))
 
     # -------------------------------------------------------------- state
 

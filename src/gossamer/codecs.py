@@ -65,11 +65,36 @@ ERROR_FEEDBACK = "ef-"
 class Codec(Protocol):
     """Encode rows of changes into messages, decode them, and say their size on the wire.
 
-    ``round`` numbers the communication (the step); ``rows`` are the global worker indices of
-    the rows encoded: random codecs seed their draws with them, so that every engine draws alike.
-    A codec whose receivers combine the all-gathered messages otherwise than by the mean of their
-    decodings also has ``aggregate(gathered, round)`` (SparseLoCo's: :mod:`gossamer.sparseloco`).
-    A codec registered ``shaped=True`` is built with the tensors' shapes too."""
+    ``encode(delta [m, d], round, rows)`` → uint8 messages [m, nbytes()]; ``decode(messages,
+    round)`` → the dense rows they stand for; ``round`` numbers the communication (the step);
+    ``rows`` are the global worker indices of the rows encoded: random codecs seed their draws
+    with them (:func:`worker_uniforms`), so that every engine draws alike. A codec whose
+    receivers combine the all-gathered messages otherwise than by the mean of their decodings
+    also has ``aggregate(gathered, round)`` (SparseLoCo's: :mod:`gossamer.sparseloco`). A
+    ``CODECS`` entry's builder is ``(param, numels, dtype, seed, contractive)``; one registered
+    ``shaped=True`` is built with the tensors' shapes too (``shapes=``).
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import CODECS, Codec
+        >>> class Half:  # float16 on the wire: 2 bytes a value
+        ...     def __init__(self, numels, dtype):
+        ...         self.d, self.dtype = sum(numels), dtype
+        ...     def nbytes(self):
+        ...         return 2 * self.d
+        ...     def encode(self, delta, round, rows):
+        ...         return delta.to(torch.float16).view(torch.uint8)
+        ...     def decode(self, messages, round):
+        ...         return messages.view(torch.float16).to(self.dtype)
+        >>> @CODECS.register("half", help="float16 values")
+        ... def build(param, numels, dtype, seed, contractive):
+        ...     return Half(numels, dtype)
+        >>> codec: Codec = build(None, [3], torch.float32, 0, False)
+        >>> messages = codec.encode(torch.tensor([[1.0, 2.0, 3.0]]), 0, range(1))
+        >>> messages.shape[1] == codec.nbytes(), codec.decode(messages, 0)
+        (True, tensor([[1., 2., 3.]]))
+    """
 
     def nbytes(self) -> int: ...
 
@@ -80,8 +105,29 @@ class Codec(Protocol):
 
 def worker_uniforms(name: str, seed: int, round: int, rows: range, d: int, dtype: torch.dtype,
                     device: torch.device) -> torch.Tensor:
-    """U[0, 1) draws [len(rows), d], row i worker rows[i]'s of row stream ``name`` (seed, round):
-    the same draws whichever process encodes a worker's row."""
+    """A codec's uniform draws for the workers it encodes: each worker's own, whichever process encodes it.
+
+    Args:
+        name (str): a row stream (:func:`~gossamer.rng.declare` with ``row="worker"``), keyed by the round.
+        seed (int): the run's seed.
+        round (int): the communication round.
+        rows (range): the global indices of the workers encoded.
+        d (int): the draws a worker.
+        dtype (torch.dtype): float32 or float64.
+        device (torch.device): where the draws go.
+
+    Returns:
+        Tensor: U[0, 1) draws [len(rows), d], row i worker rows[i]'s.
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import worker_uniforms
+        >>> both = worker_uniforms("qsgd", 0, 5, range(2), 3, torch.float32, torch.device("cpu"))
+        >>> second = worker_uniforms("qsgd", 0, 5, range(1, 2), 3, torch.float32, torch.device("cpu"))
+        >>> both.shape, torch.equal(both[1:], second)
+        (torch.Size([2, 3]), True)
+    """
     kind = np.float64 if dtype == torch.float64 else np.float32
     return torch.from_numpy(row_uniforms(name, seed, round, rows=rows, width=d, dtype=kind)).to(device)
 
@@ -453,8 +499,22 @@ def build_codec(spec: str, numels: list[int], dtype: torch.dtype, seed: int = 0,
 
 @dataclass
 class Compressor:
-    """One compressed channel (one sync level, or CHOCO's messages): a codec and, with error
-    feedback, its residual e, decayed by β (``decay``; SparseLoCo's error feedback, 1: plain)."""
+    """One compressed channel (one sync level, or CHOCO's messages): a codec and, with error feedback, its residual.
+
+    Args:
+        codec (Codec): the codec.
+        residual (Tensor | None): e, the error feedback's residual rows (None: no error feedback).
+        decay (float): β, e's decay (SparseLoCo's error feedback; 1: plain).
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import build_compressor
+        >>> channel = build_compressor("ef-top-k:0.5", [4], torch.zeros(1, 4))
+        >>> messages = channel.compress(torch.tensor([[4.0, -1.0, 0.5, 3.0]]), 0, range(1))
+        >>> channel.codec.decode(messages, 0), channel.residual  # what was sent, what waits for the next round
+        (tensor([[4., 0., 0., 3.]]), tensor([[ 0.0000, -1.0000,  0.5000,  0.0000]]))
+    """
 
     codec: Codec
     residual: torch.Tensor | None = None
@@ -479,9 +539,28 @@ class Compressor:
 def build_compressor(spec: str, numels: list[int], like: torch.Tensor, seed: int = 0,
                      contractive: bool = False, decay: float = 1.0,
                      shapes: list[tuple[int, ...]] | None = None) -> Compressor:
-    """The compressor named by ``spec`` (``none``, ``sign``, ``ef-top-k:0.01``, ...) for rows
-    shaped like ``like`` (tensors of ``numels``, ``shapes``); ``decay``: β of its error feedback.
-    Error feedback always uses the contractive form of a codec."""
+    """The compressor named by ``spec`` (``none``, ``sign``, ``ef-top-k:0.01``, ...), a ``compression`` value.
+
+    Args:
+        spec (str): the codec, a chain ``S+V``, ``ef-`` before either for error feedback, or ``none``.
+        numels (list[int]): the sizes of the tensors in a row.
+        like (Tensor): rows shaped like those compressed (the residual's shape, the dtype).
+        seed (int): the run's seed (random codecs' draws).
+        contractive (bool): the codec's contractive form (always with error feedback).
+        decay (float): β of its error feedback.
+        shapes (list[tuple[int, ...]] | None): the tensors' shapes, for a ``shaped`` codec.
+
+    Returns:
+        Compressor: the channel.
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import build_compressor
+        >>> channel = build_compressor("sign", [3, 5], torch.zeros(2, 8))
+        >>> channel.codec.nbytes()  # ⌈8/8⌉ bytes of signs and a float32 scale a tensor
+        9
+    """
     if spec == "none":
         return Compressor(Identity(numels, like.dtype))
     error_feedback = spec.startswith(ERROR_FEEDBACK)

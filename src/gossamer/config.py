@@ -31,7 +31,8 @@ from .models import MODELS
 from .byzantine import ByzantineConfig
 from .config_yaml import YAMLSyntaxError, parse_yaml, read_yaml
 from .faults import FaultsConfig
-from .network import NetworkConfig, check_compute, check_worker_speeds, parse_jitter, parse_slow_workers
+from .loggers import LOGGERS
+from .network import TIME_KEYS, NetworkConfig, check_compute, check_worker_speeds, parse_jitter, parse_slow_workers
 from . import plugins
 from .optim import OPTIMIZERS
 from .registry import ConfigError, Entry, Registry, positive_ints, short
@@ -68,9 +69,6 @@ PARTITIONS = ("iid", "dirichlet")
 LR_SCALINGS = ("none", "linear")
 DTYPES = ("float32", "float64")
 BN_EVALS = ("average", "recompute")
-# besides metrics.jsonl: metrics.csv, TensorBoard scalars, a Weights & Biases run, an MLflow run;
-# the optional package each needs (None: none)
-LOGGERS = {"none": None, "csv": None, "tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
 # seeds: a step's batches are drawn with seed * 1_000_003 + step, and torch takes seeds below 2**64
 SEED_LIMIT = 2**44
 
@@ -221,7 +219,7 @@ class Config:
             self.network.validate(self)
             check_compute(self.compute_ms if self.compute_ms is not None else "measured")
         else:
-            for key in ("compute_ms", "slow_workers", "worker_speeds", "compute_jitter"):
+            for key in TIME_KEYS:
                 if getattr(self, key) is not None:
                     raise ConfigError(f"{key} applies only with a network section (network: PRESET or "
                                       f"network.bandwidth and network.latency): it sets the compute time of the "
@@ -271,10 +269,12 @@ def _loggers(logger: str | list[str]) -> str | list[str]:
     the order given, each once, without ``none``); each one's package must be installed."""
     names = [logger] if isinstance(logger, str) else list(logger)
     for name in names:
-        if name not in LOGGERS:
-            raise ConfigError(f"unknown logger '{short(name)}'; choose one or a list of: {', '.join(LOGGERS)}")
-        if LOGGERS[name] and importlib.util.find_spec(LOGGERS[name]) is None:
-            raise ConfigError(f"logger {name} needs the {LOGGERS[name]} package: pip install 'gossamer[{name}]'")
+        if name != "none" and name not in LOGGERS.names():
+            raise ConfigError(f"unknown logger '{short(name)}'; choose one or a list of: none, "
+                              f"{', '.join(LOGGERS.names())}")
+        package = LOGGERS[name].traits.get("package") if name != "none" else None
+        if package and importlib.util.find_spec(package) is None:
+            raise ConfigError(f"logger {name} needs the {package} package: pip install 'gossamer[{name}]'")
     if len(names) > 1 and "none" in names:
         raise ConfigError(f"logger none cannot be listed with others, got {short(logger)}")
     if not names or len(set(names)) != len(names):

@@ -22,12 +22,32 @@ from .topology import Mixing
 
 @dataclass(frozen=True, eq=False)
 class Groups:
-    """k groups of at most ``size`` members out of ``n`` workers (module docstring)."""
+    """k groups of at most ``size`` members out of ``n`` workers, each averaging exactly among itself.
+
+    What ``engine.groups_mean_(X, groups)`` averages within (module docstring); build one with
+    :meth:`blocks` or :meth:`of`.
+
+    Args:
+        n (int): the workers.
+        index (ndarray): int64 [k·size], the workers seated, group by group.
+        size (int): the seats of a group.
+        member (ndarray | None): bool [k·size], which seats hold a member (None: all).
+
+    Example::
+
+        >>> from gossamer.extend import Groups
+        >>> nodes = Groups.blocks(8, 4)  # two nodes of 4 consecutive workers
+        >>> nodes.count, nodes.members(1)
+        (2, array([4, 5, 6, 7]))
+        >>> lines = Groups.of(4, [[0, 3], [1, 2]])
+        >>> lines.of_worker, lines.sizes
+        (array([0, 1, 1, 0]), array([2, 2]))
+    """
 
     n: int
-    index: np.ndarray  # int64 [k·size]: the workers seated, group by group
+    index: np.ndarray
     size: int
-    member: np.ndarray | None = None  # bool [k·size]: which seats hold a member (None: all)
+    member: np.ndarray | None = None
     _plans: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -23,17 +23,24 @@ import os
 import uuid
 from pathlib import Path
 
-from .registry import ConfigError
+from .registry import ConfigError, Registry
 
-# the names each logger writes in the run directory
-LOGGED = {"none": (), "csv": ("metrics.csv",), "tensorboard": ("tensorboard",), "wandb": ("wandb",),
-          "mlflow": ("mlruns",)}
-IN_PLACE = ("wandb", "mlflow")  # loggers that write by absolute path: not into a staging folder
+# an entry's build(folder, resume_step) is the logger of a run ("none", the default, is none: no entry)
+LOGGERS = Registry("logger", traits={
+    "writes": "the names it writes in the run directory (rundir.py: a run's own files)",
+    "package": "the optional package it needs, refused without it: pip install 'gossamer[NAME]' (config.py)",
+    "in_place": "True: it writes by absolute path while the run runs, so not into a staging folder (rundir.py)"})
 
 
 def logger_names(logger: str | list[str]) -> list[str]:
     """The loggers of a ``logger`` value (one name, or a list), ``none`` left out."""
     return [name for name in ([logger] if isinstance(logger, str) else logger) if name != "none"]
+
+
+def logger_files(logger: str | list[str]) -> list[str]:
+    """The names the loggers of a ``logger`` value write in the run directory (an unknown one: none)."""
+    return [name for logged in logger_names(logger) if logged in LOGGERS.names()
+            for name in LOGGERS[logged].traits["writes"]]
 
 
 def scalars(row: dict, prefix: str = "") -> dict[str, float]:
@@ -48,6 +55,7 @@ def scalars(row: dict, prefix: str = "") -> dict[str, float]:
     return out
 
 
+@LOGGERS.register("csv", writes=("metrics.csv",), help="metrics.csv, a column per scalar")
 class CSVLog:
     """``metrics.csv``: one line per metric row, a column per scalar (a column that appears later,
     such as the test accuracy at the first evaluation, rewrites the header; earlier rows leave it
@@ -90,6 +98,8 @@ class CSVLog:
         self._file.close()
 
 
+@LOGGERS.register("tensorboard", writes=("tensorboard",), package="tensorboard",
+                  help="TensorBoard scalars in tensorboard/")
 class TensorBoardLog:
     """TensorBoard scalars in ``tensorboard/``, one per metric at its row's step (``tensorboard
     --logdir``). Resuming after ``resume_step`` purges the events written after it."""
@@ -112,6 +122,8 @@ class TensorBoardLog:
         self.writer.close()
 
 
+@LOGGERS.register("wandb", writes=("wandb",), package="wandb", in_place=True,
+                  help="a Weights & Biases run in wandb/ (online, or offline with WANDB_MODE=offline)")
 class WandbLog:
     """A Weights & Biases run in ``wandb/`` (module docstring)."""
 
@@ -143,6 +155,8 @@ class WandbLog:
         self.run.finish()
 
 
+@LOGGERS.register("mlflow", writes=("mlruns",), package="mlflow", in_place=True,
+                  help="an MLflow run in the file store mlruns/")
 class MLflowLog:
     """An MLflow run in the file store ``mlruns/`` (module docstring)."""
 
@@ -207,9 +221,6 @@ def _run_id(folder: Path, resume_step: int | None) -> str:
     return run_id
 
 
-LOGGERS = {"csv": CSVLog, "tensorboard": TensorBoardLog, "wandb": WandbLog, "mlflow": MLflowLog}
-
-
 class Loggers:
     """The run's loggers, each given every row, the config and the summary."""
 
@@ -217,7 +228,7 @@ class Loggers:
         self.loggers = []
         try:
             for name in logger_names(logger):
-                self.loggers.append(LOGGERS[name](folder, resume_step))
+                self.loggers.append(LOGGERS[name].build(folder, resume_step))
         except BaseException:
             self.close()
             raise

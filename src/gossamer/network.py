@@ -91,6 +91,7 @@ from .registry import ConfigError, short
 from .rng import host_stream, row_normals
 
 BACKWARD_SHARE = 2 / 3  # of a step's compute: backward ≈ 2 × forward FLOPs
+TIME_KEYS = ("compute_ms", "slow_workers", "worker_speeds", "compute_jitter")  # the clock's compute: need a network
 HORIZON_ROOM = 1e3  # a run's simulated time must stay finite with this much more communication per step
 
 

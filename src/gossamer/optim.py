@@ -24,13 +24,38 @@ OPTIMIZERS = Registry("optimizer", traits={
 
 
 class RowOptimizer:
-    """What the row-wise optimizers share: a step over all rows or a subset of them, and their
-    state (``rows``: tensors shaped like X, one row per worker).
+    """A local optimizer of every worker at once, on the rows of X: what the loop and a schedule step.
 
-    ``step(X, G, lr, rows)`` with ``rows`` (int64 local row indices, on the host; None: all)
-    steps only those workers: the others keep their parameters and state (a worker that does not
-    compute this step — AD-PSGD's event, a sporadic or gone worker). Each row's update is the
-    same elementwise arithmetic whether it steps alone or with the others."""
+    Its state is ``rows`` (tensors shaped like X, one row per worker). ``step(X, G, lr, rows)``
+    with ``rows`` (int64 local row indices, on the host; None: all) steps only those workers:
+    the others keep their parameters and state (a worker that does not compute this step —
+    AD-PSGD's event, a sporadic or gone worker). Each row's update is the same elementwise
+    arithmetic whether it steps alone or with the others. A subclass (an ``OPTIMIZERS`` entry's
+    builder ``(cfg, X, decay)`` returns one) sets ``rows`` and implements
+    ``_update(X, G, lr, state, rows)`` on the rows that step (``state``: their rows of the
+    state), ``state_dict()`` and ``load_state_dict(state)`` (tensors under ``rows``).
+
+    Example::
+
+        >>> import numpy as np, torch
+        >>> from gossamer.extend import OPTIMIZERS, RowOptimizer
+        >>> class SignSGD(RowOptimizer):  # x ← x − η sign(g): no state
+        ...     def __init__(self, X):
+        ...         self.rows = {}
+        ...     def _update(self, X, G, lr, state, rows):
+        ...         X.sub_(G.sign(), alpha=lr)
+        ...     def state_dict(self):
+        ...         return {"rows": {}}
+        ...     def load_state_dict(self, state):
+        ...         pass
+        >>> _ = OPTIMIZERS.register("sign-sgd", help="signSGD on each worker")(lambda cfg, X, decay: SignSGD(X))
+        >>> X = torch.zeros(3, 2)
+        >>> SignSGD(X).step(X, torch.tensor([[1.0, -2.0]] * 3), lr=0.5, rows=np.array([1]))  # worker 1 alone
+        >>> X
+        tensor([[ 0.0000,  0.0000],
+                [-0.5000,  0.5000],
+                [ 0.0000,  0.0000]])
+    """
 
     rows: dict[str, torch.Tensor]
 

@@ -44,9 +44,32 @@ ADAM_BETA2, ADAM_EPS = 0.999, 1e-8
 
 
 class OuterOptimizer(Protocol):
-    """Moves the rows of x_outer along −Δ, in place, at learning rate ``lr`` and momentum
-    ``momentum``; ``staleness``: the outer steps taken since the model Δ was computed from (a
-    server's τ of the push; 1 for DiLoCo's delayed step; else 0), for a staleness-aware rule."""
+    """The outer step of DiLoCo and asynchronous local SGD: what an ``OUTER_OPTIMIZERS`` builder ``(cfg)`` returns.
+
+    ``start(x_outer)`` once, then ``step(x_outer, pseudo_gradient, lr, momentum, staleness)``
+    moves the rows of x_outer (one per worker's copy, or the server's one) along −Δ, in place,
+    at this step's learning rate ``lr`` and momentum ``momentum`` (Δ may be used as scratch);
+    ``staleness``: the outer steps taken since the model Δ was computed from (a server's τ of
+    the push; 1 for DiLoCo's delayed step; else 0), for a staleness-aware rule. Its state is
+    ``state_dict()`` / ``load_state_dict(state)`` (tensors under ``rows``).
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import OUTER_OPTIMIZERS, OuterOptimizer
+        >>> class Damped:  # plain SGD, a push τ outer steps late damped by 1/(1 + τ)
+        ...     def start(self, x_outer): pass
+        ...     def step(self, x_outer, pseudo_gradient, lr, momentum, staleness=0):
+        ...         x_outer.add_(pseudo_gradient, alpha=-lr / (1 + staleness))
+        ...     def state_dict(self): return {}
+        ...     def load_state_dict(self, state): pass
+        >>> _ = OUTER_OPTIMIZERS.register("damped-sgd", help="SGD, late pushes damped")(lambda cfg: Damped())
+        >>> outer: OuterOptimizer = Damped()
+        >>> x = torch.ones(1, 2)
+        >>> outer.step(x, torch.ones(1, 2), lr=0.5, momentum=0.0, staleness=1)
+        >>> x
+        tensor([[0.7500, 0.7500]])
+    """
 
     def start(self, x_outer: torch.Tensor) -> None: ...
 

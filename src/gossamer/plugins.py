@@ -47,14 +47,20 @@ def is_path(spec: str) -> bool:
 
 def _registries() -> list:
     from .algorithms import ALGORITHMS
+    from .byzantine import ATTACKS
     from .codecs import CODECS
     from .data import DATASETS
+    from .engines import ENGINES
+    from .loggers import LOGGERS
     from .models import FOOTPRINTS, MODELS
     from .optim import OPTIMIZERS
     from .outer import OUTER_OPTIMIZERS
     from .rng import STREAMS
+    from .robust import AGGREGATORS
+    from .tasks import TASKS
     from .topology import TOPOLOGIES
-    return [ALGORITHMS, CODECS, DATASETS, MODELS, OPTIMIZERS, OUTER_OPTIMIZERS, TOPOLOGIES], [FOOTPRINTS, STREAMS]
+    return [ALGORITHMS, ATTACKS, AGGREGATORS, CODECS, DATASETS, ENGINES, LOGGERS, MODELS, OPTIMIZERS,
+            OUTER_OPTIMIZERS, TASKS, TOPOLOGIES], [FOOTPRINTS, STREAMS]
 
 
 def source_of(spec: str) -> tuple[str, list[Path], Path]:

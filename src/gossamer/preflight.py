@@ -16,7 +16,7 @@ from .models import Footprint, footprint
 from .registry import short
 from .sharpness import HVP_CHUNK
 from .sharpness import SAMPLES as SHARPNESS_SAMPLES
-from .tasks import Task
+from .tasks import TASKS, Task
 from .topology import TopologyError, free_memory, require_undirected
 from .workers import backend_for
 
@@ -49,7 +49,7 @@ def check_data(cfg: Config, data: Dataset) -> None:
     if cfg.sharpness and (cfg.sharpness_samples or 0) > len(data.y_train):
         raise ConfigError(f"sharpness_samples ({cfg.sharpness_samples}) must be at most the {len(data.y_train)} "
                           f"samples of the training set")
-    if cfg.partition == "dirichlet" and data.task != "classification":
+    if cfg.partition == "dirichlet" and TASKS[data.task].traits["targets"] != "classes":
         raise ConfigError(f"partition 'dirichlet' splits classes among workers; dataset '{cfg.dataset}' is a "
                           f"{data.task} task: use partition: iid")
 

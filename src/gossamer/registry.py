@@ -23,7 +23,22 @@ from typing import Any, Callable, Mapping
 
 
 class ConfigError(ValueError):
-    """Bad input: the message is one line naming the option and what is allowed (CLI: exit 2)."""
+    """Bad input: the message is one line naming the option and what is allowed (CLI: exit 2).
+
+    Args:
+        message (str): the line.
+
+    Example::
+
+        >>> from gossamer.extend import ConfigError
+        >>> def check(drop_rate):
+        ...     if not 0 <= drop_rate < 1:
+        ...         raise ConfigError(f"drop_rate must be a probability in [0, 1), got {drop_rate}")
+        >>> check(1.5)
+        Traceback (most recent call last):
+            ...
+        gossamer.registry.ConfigError: drop_rate must be a probability in [0, 1), got 1.5
+    """
 
 
 class NameTaken(ConfigError):
@@ -89,11 +104,53 @@ class Registry:
 
     def register(self, name: str, *, options: type = NoOptions, help: str = "", spec: str = "",
                  takes: str = "none", example: tuple[str, ...] = (), **traits: Any) -> Callable:
-        """Decorator: register the decorated builder under ``name``. ``example``: how a short run
-        uses it (the tests generated from the registries run every entry that way). ``traits``:
-        what the entry declares about itself for its concept (an algorithm's fault support, a
-        topology's memory size), read by the one place that checks it; one the registry does not
-        declare is refused here (:class:`UnknownTrait`)."""
+        """Decorator: register the decorated builder under ``name`` (every registry of :mod:`gossamer.extend`).
+
+        A name is registered once: one that is taken (a built-in's, another plugin's) is refused
+        when the builder is decorated (:class:`NameTaken`).
+
+        Args:
+            name (str): the entry's name, as a config gives it.
+            options (type): the dataclass of the config keys it owns (their defaults, the comment
+                beside each as its help, and ``validate(cfg)``); default: none.
+            help (str): one line for ``gossamer train --help``.
+            spec (str): how the name is written when it takes a parameter (``random-regular[:D]``).
+            takes (str): its parameter after a colon: ``none``, ``optional`` or ``required``.
+            example (tuple[str, ...]): how a short run uses it (config overrides beside the name, or
+                the parameter): the tests generated from the registries, and the plugin kit, run it.
+            **traits: what the entry declares about itself for its concept (an algorithm's
+                ``faults``, a topology's ``size``), each one the registry declares in ``traits``
+                with its meaning; another is refused here (:class:`UnknownTrait`).
+
+        Returns:
+            Callable: the decorator, which registers the builder and returns it unchanged.
+
+        Example::
+
+            >>> import torch
+            >>> from dataclasses import dataclass
+            >>> from gossamer.extend import MODELS
+            >>> @dataclass
+            ... class TinyOptions:
+            ...     tiny_width: int = 8  # the hidden width
+            ...     def validate(self, cfg):
+            ...         pass
+            >>> @MODELS.register("tiny-mlp", options=TinyOptions, example=("tiny_width=4",), help="one hidden layer")
+            ... def build(cfg, data):
+            ...     width = data.input_shape[-1]
+            ...     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(width, cfg.tiny_width),
+            ...                                torch.nn.ReLU(), torch.nn.Linear(cfg.tiny_width, data.num_classes))
+            >>> MODELS["tiny-mlp"].keys, "tiny-mlp" in MODELS
+            (('tiny_width',), True)
+            >>> MODELS.register("tiny-mlp")(build)
+            Traceback (most recent call last):
+                ...
+            gossamer.registry.NameTaken: model 'tiny-mlp' is already registered; choose another name
+            >>> MODELS.register("tinier-mlp", fault=True)
+            Traceback (most recent call last):
+                ...
+            gossamer.registry.UnknownTrait: model 'tinier-mlp' declares an unknown trait 'fault'; ...
+        """
         for trait in traits:
             if trait not in self.traits:
                 a = "an" if self.kind[:1] in "aeiou" else "a"

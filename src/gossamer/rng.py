@@ -83,8 +83,25 @@ _LEGACY_MIX = 1_000_003  # the epoch stream's seed: seed·1000003 + epoch (mod 2
 
 
 def declare(name: str, what: str, keys: tuple[str, ...], row: str | None = None) -> str:
-    """Add stream ``name`` to :data:`STREAMS` (refused if the name, or its id, is taken); returns it.
-    ``row``: the key of a row stream's rows (module docstring), drawn with :func:`row_uniforms`."""
+    """Add a named random stream to :data:`STREAMS`, next to where it is drawn (a name, or id, taken is refused).
+
+    Args:
+        name (str): the stream's name.
+        what (str): what it draws, one line.
+        keys (tuple[str, ...]): the keys it is drawn with besides the seed (``("round",)``).
+        row (str | None): a row stream's row key (``"worker"``), drawn with :func:`row_uniforms`
+            and :func:`row_normals`; None: a plain stream, drawn with :func:`host_stream`.
+
+    Returns:
+        str: ``name``.
+
+    Example::
+
+        >>> from gossamer.extend import declare, host_stream
+        >>> COINS = declare("my-coins", "my plugin's coin of a round", ("round",))
+        >>> host_stream(COINS, 0, 3).random() == host_stream(COINS, 0, 3).random()  # seed 0, round 3
+        True
+    """
     if name in STREAMS or zlib.crc32(name.encode()) in {zlib.crc32(n.encode()) for n in STREAMS}:
         raise RuntimeError(f"random stream '{name}' declared twice")
     STREAMS[name] = Stream(what, tuple(keys), row)
@@ -106,7 +123,23 @@ def _sequence(name: str, seed: int, keys: tuple[int, ...], rows: bool = False) -
 
 
 def host_stream(name: str, seed: int, *keys: int) -> np.random.Generator:
-    """The numpy generator of stream ``name`` for the run's ``seed`` and the stream's ``keys``."""
+    """The numpy generator of a plain stream for the run's seed and the stream's keys.
+
+    Args:
+        name (str): the stream (:func:`declare`).
+        seed (int): the run's seed.
+        *keys (int): its keys' values, as many as it declares (a round, a step).
+
+    Returns:
+        Generator: numpy's generator of (stream, seed, keys): the same numbers on every engine
+        and process, and after a resume.
+
+    Example::
+
+        >>> from gossamer.extend import host_stream
+        >>> host_stream("churn", 0, 7).permutation(5).shape  # the churn stream, seed 0, step 7
+        (5,)
+    """
     return np.random.default_rng(_sequence(name, seed, keys))
 
 
@@ -115,10 +148,30 @@ CHUNK = 1 << 22  # values one call draws at most (bounds the temporaries of a la
 
 def row_uniforms(name: str, seed: int, *keys: int, rows: Iterable[int], width: int,
                  dtype: type = np.float64) -> np.ndarray:
-    """U[0, 1) draws [len(rows), width] of row stream ``name``: row k is worker rows[k]'s (module
-    docstring), whichever rows are drawn with it. A float64 takes one PCG64 value (its top 53
-    bits), a float32 half of one (numpy's ``Generator.random``); a row of odd width takes a whole
-    number of values."""
+    """U[0, 1) draws of a row stream: a row per worker, each worker's the same whichever rows are drawn with it.
+
+    A float64 takes one PCG64 value (its top 53 bits), a float32 half of one (numpy's
+    ``Generator.random``); a row of odd width takes a whole number of values.
+
+    Args:
+        name (str): a row stream (:func:`declare` with ``row``).
+        seed (int): the run's seed.
+        *keys (int): its keys' values.
+        rows (Iterable[int]): the workers drawn for.
+        width (int): the draws a worker.
+        dtype (type): ``np.float64`` or ``np.float32``.
+
+    Returns:
+        ndarray: [len(rows), width], row k worker rows[k]'s.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from gossamer.extend import row_uniforms
+        >>> four = row_uniforms("quant", 0, 2, rows=range(4), width=3)  # the quant stream, seed 0, round 2
+        >>> np.array_equal(four[2:], row_uniforms("quant", 0, 2, rows=[2, 3], width=3))
+        True
+    """
     rows = (np.arange(rows.start, rows.stop, rows.step) if isinstance(rows, range) else
             np.asarray(rows if isinstance(rows, np.ndarray) else list(rows), dtype=np.int64).reshape(-1))
     if len(rows) and rows.min() < 0:
@@ -142,9 +195,27 @@ def row_uniforms(name: str, seed: int, *keys: int, rows: Iterable[int], width: i
 
 
 def row_normals(name: str, seed: int, *keys: int, rows: Iterable[int], width: int) -> np.ndarray:
-    """Standard normal draws [len(rows), width] (float64) of row stream ``name``, by Box–Muller
-    from the row's 2·width uniforms (u₁, u₂ of value j are the row's uniforms 2j and 2j + 1):
-    z = √(−2 ln(1 − u₁))·cos(2π·u₂), exact in distribution and a fixed number of uniforms a value."""
+    """Standard normal draws of a row stream, a row per worker, by Box–Muller from the row's uniforms.
+
+    u₁, u₂ of value j are the row's uniforms 2j and 2j + 1: z = √(−2 ln(1 − u₁))·cos(2π·u₂),
+    exact in distribution and a fixed number of uniforms a value.
+
+    Args:
+        name (str): a row stream (:func:`declare` with ``row``).
+        seed (int): the run's seed.
+        *keys (int): its keys' values.
+        rows (Iterable[int]): the workers drawn for.
+        width (int): the draws a worker.
+
+    Returns:
+        ndarray: float64 [len(rows), width], row k worker rows[k]'s.
+
+    Example::
+
+        >>> from gossamer.extend import row_normals
+        >>> row_normals("jitter", 0, 10, rows=[5], width=2).shape  # worker 5's, step 10
+        (1, 2)
+    """
     u = row_uniforms(name, seed, *keys, rows=rows, width=2 * width)
     return np.sqrt(-2.0 * np.log1p(-u[:, 0::2])) * np.cos(2.0 * math.pi * u[:, 1::2])
 

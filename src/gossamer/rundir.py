@@ -20,7 +20,7 @@ import yaml
 from .config import Config, ConfigError
 from .config_yaml import read_yaml
 from .checkpoint import READABLE
-from .loggers import IN_PLACE, LOGGED, Loggers, logger_names
+from .loggers import LOGGERS, Loggers, logger_files, logger_names
 from .registry import short
 
 
@@ -84,7 +84,7 @@ def written(path: Path) -> set[str]:
         logger = read_yaml(path / "config.yaml").get("logger", "none")
     except (ConfigError, AttributeError):
         logger = "none"
-    return {*RUN_FILES, "metrics.csv", *(name for logged in logger_names(logger) for name in LOGGED.get(logged, ()))}
+    return {*RUN_FILES, "metrics.csv", *logger_files(logger)}
 
 
 def _write_marker(folder: Path, names) -> None:
@@ -212,9 +212,10 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         self._lock = lock or RunLock(self.path, self.option)
         try:
-            names = {*RUN_FILES, *(name for logged in logger_names(logger) for name in LOGGED[logged])}
+            names = {*RUN_FILES, *logger_files(logger)}
             old = self._check(names, overwrite, resume_step)
-            staged = [name for name in logger_names(logger) if name in IN_PLACE] if old and resume_step is None else []
+            staged = [name for name in logger_names(logger) if LOGGERS[name].traits.get("in_place")] \
+                if old and resume_step is None else []
             if staged:
                 raise ConfigError(f"logger {staged[0]} writes by absolute path while the run runs, so a run that "
                                   f"replaces another (--overwrite) cannot use it: choose another --out")

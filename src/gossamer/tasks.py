@@ -15,6 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .registry import Registry
+
+# an entry's build() is its Task; a data set names one (Dataset.task), a model the one it serves
+TASKS = Registry("task", traits={
+    "targets": "what a target is: 'classes' (a class label: partition dirichlet and byzantine.attack label-flip "
+               "apply) or 'tokens' (the next token, of the inputs' vocabulary)"})
+
 
 def cross_entropy(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean cross-entropy of logits over their last dimension."""
@@ -43,8 +50,23 @@ def perplexity(model: nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 
 
 @dataclass(frozen=True)
 class Task:
-    """``loss(output, target)`` is trained; ``evaluate(model, x, y)`` gives the test metrics
-    (summary.json keys; ``metric`` is the headline one)."""
+    """What a model is trained for: its loss, and the test metrics of a model.
+
+    Args:
+        name (str): the task's name (a data set's ``task``).
+        loss (Callable[[Tensor, Tensor], Tensor]): ``loss(output, target)``, what is trained.
+        evaluate (Callable[..., dict[str, float]]): ``evaluate(model, x, y)``, the test metrics
+            (summary.json keys).
+        metric (str): the headline one of them.
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import TASKS, Task
+        >>> task: Task = TASKS["classification"].build()
+        >>> task.metric, round(task.loss(torch.zeros(2, 3), torch.tensor([0, 2])).item(), 4)  # log 3
+        ('test_accuracy', 1.0986)
+    """
 
     name: str
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -52,7 +74,12 @@ class Task:
     metric: str
 
 
-TASKS = {
-    "classification": Task("classification", cross_entropy, accuracy, "test_accuracy"),
-    "language-model": Task("language-model", cross_entropy, perplexity, "test_loss"),
-}
+@TASKS.register("classification", targets="classes", help="class logits [b, C] against labels [b]: test_accuracy")
+def _classification() -> Task:
+    return Task("classification", cross_entropy, accuracy, "test_accuracy")
+
+
+@TASKS.register("language-model", targets="tokens",
+                help="next-token logits [b, T, V] against tokens [b, T]: test_loss and test_perplexity")
+def _language_model() -> Task:
+    return Task("language-model", cross_entropy, perplexity, "test_loss")

@@ -38,13 +38,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
 
 from . import plugins
+from .algorithms import ALGORITHMS
 from .config import load_config
 from .registry import ConfigError
 
@@ -248,21 +249,8 @@ def hook_of(overrides: list[str]) -> dict | None:
     """The synchroniser of gossamer.integrations (and its keyword options) that does what
     ``gossamer train`` does with these overrides, or None where the algorithm has none."""
     cfg = config(overrides)
-    if cfg.algorithm in ("local", "post-local", "hierarchical"):
-        kwargs = {"local_steps": cfg.local_steps, "compression": cfg.compression,
-                  **({"switch_step": cfg.switch_step} if cfg.algorithm == "post-local" else {}),
-                  **({"block_size": cfg.block_size, "block_rounds": cfg.block_rounds}
-                     if cfg.algorithm == "hierarchical" else {})}
-        return {"kind": "LocalSGD", "kwargs": kwargs}
-    if cfg.algorithm == "gossip":
-        return {"kind": "Gossip", "kwargs": {"topology": cfg.topology, "local_steps": cfg.local_steps,
-                                             "gossip_form": cfg.gossip_form, "phases": cfg.phases,
-                                             "phase_steps": cfg.phase_steps, "consensus": asdict(cfg.consensus)}}
-    if cfg.algorithm == "diloco":
-        return {"kind": "DiLoCo", "kwargs": {key: getattr(cfg, key) for key in (
-            "local_steps", "compression", "fragments", "fragment_delay", "fragment_alpha", "outer_topology",
-            "outer_gamma", "outer_overlap", "eager_first")}}
-    return None
+    hook = ALGORITHMS[cfg.algorithm].traits.get("hook")  # its registration's: (kind, cfg → keyword options)
+    return None if hook is None else {"kind": hook[0], "kwargs": hook[1](cfg)}
 
 
 def hooked(cfg, data, hook: dict, seed: int | None = None, engine=None):

@@ -33,7 +33,7 @@ from .data.partition import dirichlet_shards, iid_epoch_indices, shard_epoch_ind
 from .engines import Engine, build_engine
 from .faults import Faults
 from .models import Footprint, build_model, hidden_matrices, no_decay_mask
-from .network import Clock, build_clock
+from .network import TIME_KEYS, Clock, build_clock
 from .optim import OPTIMIZERS, decay_vector
 from .preflight import check_data, check_local_repair, check_memory, check_robust_gossip_memory, check_target
 from .rng import host_stream
@@ -124,8 +124,9 @@ class Clean:
     @classmethod
     def build(cls, cfg: Config, data: Dataset, model: ModelBuilder | None = None) -> Clean:
         clean = copy.deepcopy(cfg)
-        clean.byzantine = clean.network = clean.compute_ms = clean.slow_workers = clean.worker_speeds = None
-        clean.compute_jitter = None
+        clean.byzantine = clean.network = None
+        for key in TIME_KEYS:
+            setattr(clean, key, None)
         clean.target_accuracy = clean.target_loss = None
         run = build_run(clean, data=data, model=model)
         return cls(run, Progress(), Batches(run))
@@ -150,10 +151,8 @@ class Batches:
     def __init__(self, run: Run):
         self.run = run
         self._epochs: dict[int, torch.Tensor] = {}
-        adversary, rows = run.engine.adversary, run.engine.rows
-        flips = adversary is not None and adversary.cfg.attack == "label-flip"
-        self.flipped = torch.as_tensor(np.flatnonzero(adversary.byzantine[rows.start : rows.stop]),
-                                       device=run.data.y_train.device) if flips else None  # local rows, y → C − 1 − y
+        adversary = run.engine.adversary
+        self.flipper = adversary if adversary is not None and adversary.flips_labels else None  # its workers' labels
 
     def epoch(self, e: int) -> torch.Tensor:
         if e not in self._epochs:
@@ -170,8 +169,8 @@ class Batches:
         else:
             idx = torch.stack([self.epoch(int(k) // S)[int(k) % S, i] for i, k in enumerate(counts)])
         x, y = self.run.data.train_batch(idx, self.run.engine.rows, host_stream("augment", self.run.cfg.seed, draw))
-        if self.flipped is not None:
-            y[self.flipped] = self.run.data.num_classes - 1 - y[self.flipped]
+        if self.flipper is not None:
+            self.flipper.flip_labels_(y, self.run.engine.rows, self.run.data.num_classes)
         return x, y
 
 
@@ -205,12 +204,13 @@ def build_run(cfg: Config, engine: Engine | None = None, data: Dataset | None = 
         kept, held = validation_split(len(data.y_train), cfg.validation_fraction, cfg.seed, cfg.workers, cfg.batch_size)
         data = data.hold_out(kept.to(device), held.to(device))
     cfg.options["dataset"] = replace(cfg.options["dataset"], **data.resolved)  # e.g. a text's vocabulary
-    task = TASKS[data.task]
+    task = TASKS[data.task].build()
     engine = engine or build_engine(cfg, device)
     engine.adversary = Adversary.build(cfg)
-    if engine.adversary is not None and cfg.byzantine.attack == "label-flip" and data.task != "classification":
-        raise ConfigError(f"byzantine.attack label-flip flips class labels; dataset '{cfg.dataset}' is a {data.task} "
-                          f"task")
+    flips = engine.adversary is not None and engine.adversary.flips_labels
+    if flips and TASKS[data.task].traits["targets"] != "classes":
+        raise ConfigError(f"byzantine.attack {cfg.byzantine.attack} flips class labels; dataset '{cfg.dataset}' is a "
+                          f"{data.task} task")
     steps = steps_per_epoch(len(data.y_train), cfg.workers, cfg.batch_size)
     check_data(cfg, data)
     shards = (dirichlet_shards(data.y_train.cpu(), cfg.workers, cfg.dirichlet_alpha, cfg.seed, min_size=cfg.batch_size)

@@ -312,8 +312,15 @@ class DiLoCoOptions(OuterOptions):
                               f"{self.outer_overlap}")
 
 
+def _diloco_hook(cfg) -> dict:
+    """The keyword options of ``gossamer.integrations.DiLoCo`` that run DiLoCo as ``cfg`` does."""
+    return {key: getattr(cfg, key) for key in ("local_steps", "compression", "fragments", "fragment_delay",
+                                               "fragment_alpha", "outer_topology", "outer_gamma", "outer_overlap",
+                                               "eager_first")}
+
+
 @ALGORITHMS.register("diloco", options=DiLoCoOptions, example=("local_steps=3",), faults=REJOIN_MODES,
-                     byzantine="allreduce",
+                     byzantine="allreduce", hook=("DiLoCo", _diloco_hook),
                      help="DiLoCo: H inner steps, then an outer Nesterov step on the pseudo-gradient; compressed "
                           "(SparseLoCo), streaming (fragments) or on an outer topology (NoLoCo)")
 def _diloco(cfg, ctx: Context) -> DiLoCo:

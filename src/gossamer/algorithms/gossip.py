@@ -10,7 +10,7 @@ round, the control's counts), so a time-varying graph and the gossip period run 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -195,7 +195,35 @@ class Gossip(Schedule):
 
 
 def gossip_state(schedule: Schedule) -> GossipState:
-    """The :class:`GossipState` of a ``gossip`` schedule (its phases share one)."""
+    """The state the phases of a ``gossip`` schedule share: where an algorithm built on gossip replaces its graph.
+
+    Args:
+        schedule (Schedule): what ``ALGORITHMS["gossip"].build(cfg, ctx)`` returned.
+
+    Returns:
+        GossipState: its ``topology`` (the graph every gossip phase reads; a plugin may replace
+        it, as examples/plugins/lossy_gossip.py does) and the round counters (internal: read, never set).
+
+    Example::
+
+        >>> import numpy as np, torch, gossamer
+        >>> from dataclasses import replace
+        >>> from gossamer.extend import ALGORITHMS, GossipOptions, Mixing, gossip_state
+        >>> @ALGORITHMS.register("lazy-gossip", options=GossipOptions, help="gossip over (I + W) / 2")
+        ... def build(cfg, ctx):
+        ...     schedule = ALGORITHMS["gossip"].build(cfg, ctx)
+        ...     state = gossip_state(schedule)
+        ...     W = state.topology.mixing(0)  # a static graph's W
+        ...     lazy = Mixing(W.index, W.weight / 2 + (np.arange(W.K) == 0)[:, None] / 2)
+        ...     state.topology = replace(state.topology, mixings=(lazy,))
+        ...     return schedule
+        >>> x, y = torch.randn(80, 40), torch.randint(0, 10, (80,))
+        >>> result = gossamer.run({"algorithm": "lazy-gossip", "topology": "ring", "model": "mlp", "workers": 4,
+        ...                        "epochs": 1, "batch_size": 8}, data=gossamer.Data(train=(x[:64], y[:64]),
+        ...                                                                          test=(x[64:], y[64:])))
+        >>> result.summary["comm_rounds_gossip"]
+        2
+    """
     return next(p.state for p in schedule.phases if isinstance(p, Gossip))
 
 
@@ -209,7 +237,22 @@ MOMENTUM_MODES = ("local", "quasi-global")
 
 @dataclass
 class GraphOptions:
-    """The communication graph of a decentralized algorithm."""
+    """The config keys of a decentralized algorithm's graph: extend it with an algorithm's own keys.
+
+    Args:
+        topology (str): a topology's name (``ring``, ``torus``, ``random-regular:4``, ...).
+        topology_seed (int | None): the seed of a random topology's draws (None: the run's seed).
+
+    Example::
+
+        >>> from dataclasses import dataclass, fields
+        >>> from gossamer.extend import GraphOptions
+        >>> @dataclass
+        ... class PairsOptions(GraphOptions):
+        ...     pair_rounds: int = 1  # gossip rounds a step
+        >>> [f.name for f in fields(PairsOptions)], PairsOptions().topology
+        (['topology', 'topology_seed', 'pair_rounds'], 'ring')
+    """
 
     topology: str = "ring"
     topology_seed: int | None = None  # None: the run's seed
@@ -219,7 +262,31 @@ class GraphOptions:
 
 
 def build_graph(cfg, directed: bool = False) -> Topology:
-    """The run's topology; a directed one (column- but not doubly stochastic) only if ``directed``."""
+    """The run's graph, from the keys of :class:`GraphOptions`.
+
+    Args:
+        cfg (Config): the run's config (``topology``, ``topology_seed``, ``seed``, ``workers``).
+        directed (bool): whether a directed graph (column- but not doubly stochastic: push-sum's)
+            is accepted; else it is refused in one line.
+
+    Returns:
+        Topology: W_t of every round.
+
+    Example::
+
+        >>> import torch, gossamer
+        >>> from gossamer.extend import ALGORITHMS, GraphOptions, Schedule, build_graph
+        >>> graphs = []
+        >>> @ALGORITHMS.register("graph-only", options=GraphOptions, help="builds its graph, communicates nothing")
+        ... def build(cfg, ctx):
+        ...     graphs.append(build_graph(cfg))
+        ...     return Schedule()
+        >>> x, y = torch.randn(72, 40), torch.randint(0, 10, (72,))
+        >>> _ = gossamer.run({"algorithm": "graph-only", "topology": "ring", "model": "mlp", "workers": 4, "epochs": 1,
+        ...                   "batch_size": 8}, data=gossamer.Data(train=(x[:64], y[:64]), test=(x[64:], y[64:])))
+        >>> graphs[0].name, graphs[0].n, graphs[0].mixing(0).K
+        ('ring', 4, 3)
+    """
     topology = build_topology(cfg.topology, cfg.workers,
                               seed=cfg.seed if cfg.topology_seed is None else cfg.topology_seed)
     if not directed and not topology.doubly_stochastic:
@@ -230,6 +297,30 @@ def build_graph(cfg, directed: bool = False) -> Topology:
 
 @dataclass
 class GossipOptions(GraphOptions):
+    """The config keys of ``gossip``: an algorithm built on gossip's schedule extends them.
+
+    Args:
+        topology, topology_seed: the graph's (:class:`GraphOptions`).
+        gossip_form (str): ``step-then-mix`` or ``mix-then-step``.
+        momentum_mode (str): ``local`` or ``quasi-global``.
+        local_steps (int): H, the local steps per gossip round.
+        phases (list[str]): a mode per phase: ``allreduce``, ``gossip`` or ``controlled``.
+        phase_epochs (list[float]): the phases' boundaries in epochs ([]: the lr milestones).
+        phase_steps (list[int]): or in steps.
+        consensus (ConsensusConfig): consensus control's ``consensus.*`` keys.
+
+    Example::
+
+        >>> from dataclasses import dataclass
+        >>> from gossamer.extend import GossipOptions
+        >>> @dataclass
+        ... class LossyOptions(GossipOptions):
+        ...     drop_rate: float = 0.1  # the comment is the key's help
+        >>> options = LossyOptions(topology="torus", drop_rate=0.3)
+        >>> options.local_steps, options.drop_rate
+        (1, 0.3)
+    """
+
     gossip_form: str = "step-then-mix"
     momentum_mode: str = "local"  # or quasi-global (Lin, Kong, Stich, Jaggi 2021)
     local_steps: int = 1  # H: local steps per gossip round (1: D-SGD); H_0 under frequency control
@@ -317,9 +408,16 @@ def _control(cfg, ctx: Context, topology: Topology) -> Controller | FrequencyCon
     return Controller(target, cfg.consensus.max_extra_rounds, cfg.consensus.on_budget, cfg.consensus.measure)
 
 
+def _gossip_hook(cfg) -> dict:
+    """The keyword options of ``gossamer.integrations.Gossip`` that run D-SGD as ``cfg`` does."""
+    return {"topology": cfg.topology, "local_steps": cfg.local_steps, "gossip_form": cfg.gossip_form,
+            "phases": cfg.phases, "phase_steps": cfg.phase_steps, "consensus": asdict(cfg.consensus)}
+
+
 @ALGORITHMS.register("gossip", options=GossipOptions,
                      example=("topology=one-peer-exponential", "local_steps=2", "phases=[allreduce,gossip,allreduce]",
                               "phase_steps=[4,8]"), faults=REJOIN_MODES, byzantine="gossip",
+                     hook=("Gossip", _gossip_hook),
                      help="D-SGD over a topology (a gossip round every H steps), by phase, with consensus control "
                           "(Kong et al.)")
 def _gossip(cfg, ctx: Context) -> Schedule:

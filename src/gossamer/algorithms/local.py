@@ -264,6 +264,11 @@ def _local_sgd(cfg, ctx: Context, block_size: int | None = None, block_rounds: i
     return LocalSGD(cfg.local_steps, sync, block_size, block_rounds)
 
 
+def _local_hook(cfg) -> dict:
+    """The keyword options of ``gossamer.integrations.LocalSGD`` that run local SGD as ``cfg`` does."""
+    return {"local_steps": cfg.local_steps, "compression": cfg.compression}
+
+
 @ALGORITHMS.register("allreduce", faults=REJOIN_MODES, byzantine="allreduce",
                      help="mini-batch SGD: gradients averaged every step (Lin et al.'s baseline)")
 def _allreduce(cfg, ctx: Context) -> AllReduce:
@@ -271,7 +276,7 @@ def _allreduce(cfg, ctx: Context) -> AllReduce:
 
 
 @ALGORITHMS.register("local", options=LocalOptions, example=("local_steps=3",), faults=REJOIN_MODES,
-                     byzantine="allreduce",
+                     byzantine="allreduce", hook=("LocalSGD", _local_hook),
                      help="local SGD: H local steps, then the exact (or compressed) average (Lin et al.)")
 def _local(cfg, ctx: Context) -> LocalSGD:
     return _local_sgd(cfg, ctx)
@@ -279,6 +284,7 @@ def _local(cfg, ctx: Context) -> LocalSGD:
 
 @ALGORITHMS.register("post-local", options=PostLocalOptions, example=("switch_step=5", "local_steps=2"),
                      faults=REJOIN_MODES, byzantine="allreduce",
+                     hook=("LocalSGD", lambda cfg: {**_local_hook(cfg), "switch_step": cfg.switch_step}),
                      help="post-local SGD: mini-batch SGD until t′, then local SGD (Lin et al.)")
 def _post_local(cfg, ctx: Context) -> Schedule:
     switch = switch_step(cfg, ctx.steps_per_epoch)
@@ -291,7 +297,9 @@ def _post_local(cfg, ctx: Context) -> Schedule:
 
 @ALGORITHMS.register("hierarchical", options=HierarchicalOptions,
                      example=("block_size=2", "block_rounds=2", "local_steps=2"), faults=REJOIN_MODES,
-                     byzantine="allreduce",
+                     byzantine="allreduce", byzantine_group="block_size",
+                     hook=("LocalSGD", lambda cfg: {**_local_hook(cfg), "block_size": cfg.block_size,
+                                                    "block_rounds": cfg.block_rounds}),
                      help="hierarchical local SGD: block averages every H steps, global every H·H_b (Lin et al.)")
 def _hierarchical(cfg, ctx: Context) -> LocalSGD:
     return _local_sgd(cfg, ctx, cfg.block_size, cfg.block_rounds)

@@ -22,15 +22,30 @@ def default_cache_dir() -> Path:
 
 @dataclass(frozen=True)
 class Dataset:
-    """Train/test tensors (inputs [N, ...], targets [N] or [N, T]) and what to learn from them.
+    """Train/test tensors and what to learn from them: what a ``DATASETS`` entry's builder ``(cfg)`` returns.
 
-    ``num_classes`` is the model's output size (classes, or the vocabulary of a language model);
-    ``task`` names a :data:`gossamer.tasks.TASKS` entry. ``augment(x, rows, n, rng)``, when set,
-    is the training augmentation of the batches x [m, b, ...] of workers ``rows`` (of n), drawn per
-    worker and per sample from the numpy generator ``rng`` (the same draws for a worker whichever
-    engine holds it; on the host, copied to x's device), never applied to the test set. ``resolved`` holds option values the data set derived
-    (a text's vocabulary), which the run's config records. ``x_val``, ``y_val``: a validation
-    split held out of the training set (:meth:`hold_out`), or None.
+    Args:
+        x_train, y_train (Tensor): the training inputs [N, ...] and targets [N] (or [N, T]: tokens).
+        x_test, y_test (Tensor): the test set, alike.
+        num_classes (int): the model's output size (classes, or a language model's vocabulary).
+        task (str): a :data:`~gossamer.tasks.TASKS` entry: ``classification`` or ``language-model``.
+        augment (Callable | None): ``augment(x, rows, n, rng)``, the training augmentation of the
+            batches x [m, b, ...] of workers ``rows`` (of n), drawn per worker and per sample from
+            the numpy generator ``rng`` (the same draws for a worker whichever engine holds it; on
+            the host, copied to x's device); never applied to the test set.
+        resolved (dict): option values the data set derived (a text's vocabulary), which the
+            run's config records.
+        x_val, y_val (Tensor | None): a validation split held out of the training set
+            (:meth:`hold_out`), or None.
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import Dataset
+        >>> x, y = torch.randn(96, 1, 40), torch.randint(0, 10, (96,))
+        >>> data = Dataset(x[:64], y[:64], x[64:], y[64:], num_classes=10)
+        >>> data.input_shape, data.task
+        ((1, 40), 'classification')
     """
 
     x_train: torch.Tensor

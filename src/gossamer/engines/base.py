@@ -75,10 +75,24 @@ def fetch_mixing(n: int, worker: int, peers: np.ndarray) -> Mixing:
 
 
 class Work:
-    """An operator started with ``async_op=True`` (torch.distributed's convention): ``wait()``
-    completes it and returns its result (the tensor it averaged in place, or the :class:`Gathered`
-    messages); until then what the operator writes is not defined. Waiting again returns the same
-    result."""
+    """An operator started with ``async_op=True`` (torch.distributed's convention), completed by ``wait()``.
+
+    ``wait()`` returns the result (the tensor averaged in place, or the :class:`Gathered`
+    messages); until then what the operator writes is not defined. Waiting again returns the
+    same result. Engines return one from ``allreduce_mean_``, ``groups_mean_`` and ``all_gather``.
+
+    Args:
+        finish (Callable[[], object]): completes the operator and returns its result.
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import Work
+        >>> X = torch.ones(2)
+        >>> work = Work(lambda: X.mul_(2))  # as an engine hands it back: finished in wait()
+        >>> work.wait(), work.wait()
+        (tensor([2., 2.]), tensor([2., 2.]))
+    """
 
     def __init__(self, finish: Callable[[], object]):
         self._finish, self._result = finish, None
@@ -98,10 +112,23 @@ class Work:
 
 @dataclass
 class Gathered:
-    """The messages of every group that holds rows here: ``messages`` [g, size, B] (each group's
-    seats in worker order), ``row_group`` [m], the group of each local row, and ``member``
-    [g, size] (None: every seat), which seats hold a member who sent (a gone worker sends
-    nothing: its seat is zeros)."""
+    """What ``engine.all_gather`` gives: the messages of every group that holds rows here.
+
+    Args:
+        messages (Tensor): [g, size, B], each group's seats in worker order.
+        row_group (Tensor): [m], the group of each local row.
+        member (Tensor | None): [g, size], which seats hold a member who sent (None: every seat;
+            a gone worker sends nothing: its seat is zeros).
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.extend import Gathered
+        >>> gathered = Gathered(torch.tensor([[[1.0], [3.0]]]), row_group=torch.tensor([0, 0]))  # one group of 2
+        >>> gathered.mean(lambda messages: messages)  # per local row, its group's mean of the decoded messages
+        tensor([[2.],
+                [2.]])
+    """
 
     messages: torch.Tensor
     row_group: torch.Tensor
@@ -126,7 +153,30 @@ class Gathered:
 
 
 class Engine:
-    """The worker rows held here (``rows``, of ``n``) and the communication operators over them."""
+    """The worker rows held here and the communication operators over them: what a schedule's hooks are handed.
+
+    Its operators (module docstring) record what they move in ``engine.comm`` and run alike on
+    the simulator and on real processes; a plugin never builds one (the run does).
+
+    Args:
+        n (int): the workers.
+        rows (range): the global indices of the rows held here.
+
+    Example::
+
+        >>> import torch, gossamer
+        >>> from gossamer.extend import ALGORITHMS, Engine, Groups, Schedule
+        >>> class Pairs(Schedule):  # exact means within the pairs (0, 1), (2, 3), ...; Ξ² read back
+        ...     def after_step(self, engine: Engine, X, step):
+        ...         engine.groups_mean_(X, Groups.blocks(engine.n, 2))
+        ...         return {"xi_sq": engine.consensus_distance_sq(X, level="control")}
+        >>> _ = ALGORITHMS.register("pairs", help="means within pairs")(lambda cfg, ctx: Pairs())
+        >>> x, y = torch.randn(80, 40), torch.randint(0, 10, (80,))
+        >>> result = gossamer.run({"algorithm": "pairs", "model": "mlp", "workers": 4, "epochs": 1, "batch_size": 8},
+        ...                       data=gossamer.Data(train=(x[:64], y[:64]), test=(x[64:], y[64:])))
+        >>> result.summary["comm_rounds_block"], result.rows[-1]["xi_sq"] > 0
+        (2, True)
+    """
 
     is_root = True  # the process that writes the run directory
     timed = False  # whether the engine measures its communication time (take_comm_seconds)
@@ -256,9 +306,9 @@ class Engine:
         without a network: it is omniscient); a robust rule needs every message: an all-gather."""
         adversary = self.adversary
         groups = self._everyone if size == self.n else self._block_groups_of(size)
-        if adversary.cfg.aggregator == "mean":
+        if adversary.plain_mean:
             if adversary.crafts:
-                self._craft_rows_(X, size)
+                adversary.craft_rows_(X, self.rows, size, lambda T, workers: self._rows_mean(T, workers, None))
             self.groups_mean_(X, groups, level)
             return
         if self.alive is not None:
@@ -273,25 +323,6 @@ class Engine:
         X.copy_(values)
         adversary.keep_center(site, X, values)
         self._record(Transfer("allgather", row_bytes(X), level, groups=groups))
-
-    def _craft_rows_(self, X: torch.Tensor, size: int) -> None:
-        """The local Byzantine rows of X ← their attack's message, from the honest rows of their block
-        (μ and, for ALIE, σ with Bessel's correction: bookkeeping reads, not traffic)."""
-        adversary = self.adversary
-        adversary.calls += 1
-        byzantine = adversary.mask(X.device)[self.rows.start : self.rows.stop]
-        if adversary.cfg.attack == "gaussian":
-            X[byzantine] = adversary._noise(X.shape[1], X)[self.rows.start : self.rows.stop][byzantine]
-            return
-        block_of = torch.arange(self.rows.start, self.rows.stop, device=X.device) // size
-        # a block of Byzantine workers only has nobody to deceive and nothing to imitate: left out
-        for block, workers in adversary.honest_blocks(size, X.device):
-            mu = self._rows_mean(X, workers, None)
-            sigma = None
-            if adversary.cfg.attack == "alie":
-                h = len(workers)
-                sigma = (self._rows_mean((X - mu).square(), workers, None) * (h / max(h - 1, 1))).sqrt()
-            X[byzantine & (block_of == block)] = adversary.message(mu, sigma)
 
     def recorded_allreduce(self, d: int, value_bytes: int) -> None:
         """An all-reduce of d values of ``value_bytes`` each that ran outside the engine (DDP's, of

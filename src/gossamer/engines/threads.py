@@ -22,8 +22,35 @@ from .sim import SimEngine
 
 
 class ThreadedSim:
-    """The shared simulator and the meeting point of n threads (``timeout``: seconds a thread
-    waits for the others before the collective fails)."""
+    """The shared simulator and the meeting point of n threads, one model each.
+
+    The hooks of :mod:`gossamer.integrations` run over it without processes (tests, notebooks).
+
+    Args:
+        n: the workers, one thread each.
+        timeout: seconds a thread waits for the others at a collective before it fails.
+
+    Example::
+
+        >>> import threading, torch
+        >>> from gossamer.integrations import LocalSGD, ThreadedSim
+        >>> hub, final = ThreadedSim(2), [None, None]
+        >>> def worker(rank):
+        ...     model = torch.nn.Linear(3, 1)
+        ...     torch.nn.init.constant_(model.weight, 0.5), torch.nn.init.zeros_(model.bias)  # alike on every rank
+        ...     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        ...     sync = LocalSGD(model, optimizer, local_steps=2, engine=hub.engine(rank))
+        ...     for _ in range(2):
+        ...         optimizer.zero_grad()
+        ...         model(torch.full((4, 3), rank + 1.0)).sum().backward()
+        ...         optimizer.step()
+        ...     final[rank] = sync.X.clone()
+        >>> threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)]
+        >>> for t in threads: t.start()
+        >>> for t in threads: t.join()
+        >>> torch.equal(final[0], final[1])  # averaged after the second step
+        True
+    """
 
     def __init__(self, n: int, timeout: float = 60.0):
         self.sim = SimEngine(n)

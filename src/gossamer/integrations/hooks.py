@@ -55,11 +55,37 @@ HOOKED = ("local", "post-local", "hierarchical", "gossip", "diloco")
 class Synchronizer:
     """A schedule of :mod:`gossamer.algorithms` run by optimizer step hooks, one worker per process.
 
-    ``buffers``: ``local`` (floating buffers such as BatchNorm statistics stay each worker's own,
-    as in the papers) or ``average`` (averaged — or gossiped — whenever the parameters are).
-    Every method that communicates is a collective: call it on every rank, at the same step.
-    ``engine``: an engine holding this worker's row (default: a ``DistEngine`` on ``group``, made
-    here and closed by :meth:`close`; one passed in belongs to the caller).
+    The base of :class:`LocalSGD`, :class:`Gossip` and :class:`DiLoCo`, which name its
+    ``algorithm`` and its options. Every method that communicates is a collective: call it on
+    every rank, at the same step.
+
+    Args:
+        model (nn.Module): the model (or its ``DistributedDataParallel``), initialised alike on every rank.
+        optimizer (torch.optim.Optimizer): its optimizer; the hooks are registered on it.
+        options (dict): the algorithm's keys, as ``gossamer train`` takes them.
+        buffers (str): ``local`` (floating buffers such as BatchNorm statistics stay each
+            worker's own, as in the papers) or ``average`` (averaged — or gossiped — whenever the
+            parameters are).
+        group (ProcessGroup | None): the processes that are the workers (None: all).
+        dist_backend (str): ``auto``, ``gloo`` or ``nccl``, of the engine made here.
+        dist_timeout (float): seconds before a lost peer stops the run.
+        reference (list[float] | None): Ξ_t² by step, for a ``run:DIR`` consensus target.
+        engine (Engine | None): an engine holding this worker's row (None: a ``DistEngine`` on
+            ``group``, made here and closed by :meth:`close`; one passed in belongs to the caller).
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.integrations import ThreadedSim
+        >>> from gossamer.integrations import LocalSGD, Synchronizer
+        >>> model = torch.nn.Linear(4, 2)
+        >>> sync: Synchronizer = LocalSGD(model, torch.optim.SGD(model.parameters(), lr=0.1), local_steps=2,
+        ...                               engine=ThreadedSim(1).engine(0))  # one worker, this thread
+        >>> state = sync.state_dict()  # beside the model's and the optimizer's, in a checkpoint
+        >>> sync.load_state_dict(state)
+        >>> state["algorithm"], state["step"], sync.consensus_distance()
+        ('local', 0, 0.0)
+        >>> sync.close()
     """
 
     algorithm = ""
@@ -333,6 +359,32 @@ class LocalSGD(Synchronizer):
     what DDP does), local SGD from t′ on. ``block_size``/``block_rounds``: hierarchical local SGD
     — every H steps the average inside blocks of ``block_size`` consecutive ranks (a node), every
     ``block_rounds``-th time the global one. ``compression``: any codec (``sign``, ``ef-top-k:0.01``, ...).
+
+    Args:
+        model (nn.Module): the model, initialised alike on every rank.
+        optimizer (torch.optim.Optimizer): its optimizer.
+        local_steps (int): H.
+        switch_step (int | None): t′ of post-local SGD (None: local SGD from the start).
+        block_size (int | None): hierarchical local SGD's block of consecutive ranks.
+        block_rounds (int): its averages in blocks per global one.
+        compression (str): the codec of the averages (``none``).
+        **kwargs: :class:`Synchronizer`'s (``buffers``, ``group``, ``engine``, ...).
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.integrations import ThreadedSim
+        >>> from gossamer.integrations import LocalSGD
+        >>> model = torch.nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        >>> sync = LocalSGD(model, optimizer, local_steps=2, engine=ThreadedSim(1).engine(0))  # torchrun: no engine
+        >>> for x in torch.randn(4, 8, 4):
+        ...     optimizer.zero_grad()
+        ...     model(x).square().mean().backward()
+        ...     optimizer.step()  # and every second step, the average of the models
+        >>> sync.comm.rounds
+        2
+        >>> sync.close()
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, local_steps: int = 1, *,
@@ -348,8 +400,9 @@ class LocalSGD(Synchronizer):
 
 
 class Gossip(Synchronizer):
-    """D-SGD (Kong et al.): after every step (every ``local_steps``-th step: local decentralized
-    SGD), x_i ← Σ_j w_ij x_j with the graph neighbours.
+    """D-SGD (Kong et al.) in a training loop: a gossip round with the graph neighbours after the steps.
+
+    After every step (every ``local_steps``-th step: local decentralized SGD), x_i ← Σ_j w_ij x_j.
 
     ``topology``: any ``gossamer topology`` name (time-varying ones advance per round);
     ``gossip_form``: ``step-then-mix`` or ``mix-then-step``; ``phases`` with ``phase_steps``
@@ -357,6 +410,33 @@ class Gossip(Synchronizer):
     keys as a dict (``{"target": "constant", "value": 0.05}``; ``run:DIR`` reads that run's Ξ²;
     ``"action": "frequency"`` adapts the gossip period instead of adding rounds).
     A round exchanges only the neighbours' models, one message each (the flat row).
+
+    Args:
+        model (nn.Module): the model, initialised alike on every rank.
+        optimizer (torch.optim.Optimizer): its optimizer.
+        topology (str): the graph.
+        local_steps (int): H, the steps per gossip round.
+        topology_seed (int): a random topology's seed.
+        gossip_form (str): ``step-then-mix`` or ``mix-then-step``.
+        phases (list[str]): a mode per phase (``gossip``, ``controlled``, ``allreduce``).
+        phase_steps (list[int]): where each phase after the first starts.
+        consensus (dict | None): consensus control's keys.
+        **kwargs: :class:`Synchronizer`'s (``buffers``, ``group``, ``engine``, ...).
+
+    Example::
+
+        >>> import torch
+        >>> from gossamer.integrations import ThreadedSim
+        >>> from gossamer.integrations import Gossip
+        >>> model = torch.nn.Linear(4, 2)
+        >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        >>> with Gossip(model, optimizer, "ring", engine=ThreadedSim(1).engine(0)) as sync:
+        ...     for step in range(3):
+        ...         optimizer.zero_grad()
+        ...         model(torch.randn(8, 4)).abs().mean().backward()
+        ...         optimizer.step()  # and a gossip round with the neighbours
+        ...     sync.comm.rounds, sync.extra_gossip_rounds
+        (3, 0)
     """
 
     algorithm = "gossip"
@@ -392,8 +472,10 @@ class Gossip(Synchronizer):
 
 
 class DiLoCo(Synchronizer):
-    """DiLoCo (Douillard et al.): H inner steps of ``optimizer``, then an outer step of
-    ``outer_optimizer`` on the pseudo-gradient Δ = x_outer − mean_i x_i.
+    """DiLoCo (Douillard et al.) in a training loop: an outer step every H inner steps.
+
+    H inner steps of ``inner_optimizer``, then an outer step of ``outer_optimizer`` on the
+    pseudo-gradient Δ = x_outer − mean_i x_i.
 
     ``outer_optimizer`` is the user's, over the same parameters (e.g. ``torch.optim.SGD(
     model.parameters(), lr=0.7, momentum=0.9, nesterov=True)``, the paper's); at an outer step
@@ -411,6 +493,32 @@ class DiLoCo(Synchronizer):
     γ (x_outer,i − x̄_i) added to the outer gradient the optimizer steps on); ``outer_overlap``
     (``delayed``: the outer step on the previous round's mean; ``eager``: each worker's own fresh
     outer gradient with the others' one round late, ``eager_first`` its first round).
+
+    Args:
+        model (nn.Module): the model, initialised alike on every rank.
+        inner_optimizer (torch.optim.Optimizer): the inner steps' optimizer.
+        outer_optimizer (torch.optim.Optimizer): the outer steps', over the same parameters.
+        local_steps (int): H, the inner steps per outer step.
+        compression, fragments, fragment_delay, fragment_alpha, outer_topology, outer_gamma,
+            outer_overlap, eager_first: the low-communication variants' keys (above).
+        **kwargs: :class:`Synchronizer`'s (``buffers``, ``group``, ``engine``, ...).
+
+    Example::
+
+        >>> import torch, torch.nn.functional as F
+        >>> from gossamer.integrations import ThreadedSim
+        >>> from gossamer.integrations import DiLoCo
+        >>> model = torch.nn.Linear(4, 2)
+        >>> inner = torch.optim.AdamW(model.parameters(), lr=0.01)
+        >>> outer = torch.optim.SGD(model.parameters(), lr=0.7, momentum=0.9, nesterov=True)
+        >>> sync = DiLoCo(model, inner, outer, local_steps=2, engine=ThreadedSim(1).engine(0))
+        >>> for x, y in zip(torch.randn(4, 8, 4), torch.randn(4, 8, 2)):
+        ...     inner.zero_grad()
+        ...     F.mse_loss(model(x), y).backward()
+        ...     inner.step()  # every second step, the outer step
+        >>> sync.comm.rounds
+        2
+        >>> sync.close()
     """
 
     algorithm = "diloco"

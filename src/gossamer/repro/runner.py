@@ -376,5 +376,5 @@ def sample_flops(cfg: Config, data) -> tuple[int, int]:
     with FlopCounterMode(display=False) as forward:
         output = model(x)
     with FlopCounterMode(display=False) as backward:
-        TASKS[data.task].loss(output, y).backward()
+        TASKS[data.task].build().loss(output, y).backward()
     return forward.get_total_flops(), forward.get_total_flops() + backward.get_total_flops()

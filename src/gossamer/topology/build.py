@@ -30,21 +30,42 @@ from .mixing import TOL, TOPOLOGIES, Mixing, RandomRounds, TopologyError, circul
 
 @dataclass(frozen=True)
 class Topology:
-    """A topology: static, time-varying (W_t = mixings[t % period]) or random (W_t = draw(t), a
-    fresh matrix every round drawn from (topology seed, t) alone — so every engine and process
-    draws the same W_t, and a resumed run the ones it would have drawn). ``doubly_stochastic``:
+    """The gossip matrices W_t of every round t: a static, time-varying or random topology.
+
+    Static or time-varying: W_t = mixings[t % period]; random: W_t = draw(t), a fresh matrix
+    every round drawn from (topology seed, t) alone — so every engine and process draws the same
+    W_t, and a resumed run the ones it would have drawn. ``doubly_stochastic``:
     every W_t's rows sum to 1 too (else it is directed, column-stochastic: for push-sum).
 
     A random topology's ``mixings`` are its first rounds, W_0 … W_{R−1}: the sample its analysis
     reads (the empirical spectral gap over R rounds, messages per round, ...); ``period`` is then
-    R, the number of rounds the analysis spans, not a period of W_t."""
+    R, the number of rounds the analysis spans, not a period of W_t.
+
+    Args:
+        name (str): the topology's spec (``ring``, ``random-regular:4``).
+        n (int): the workers.
+        mixings (tuple[Mixing, ...]): W_0 … W_{P−1} (a random topology's: its sample).
+        doubly_stochastic (bool): whether every W_t's rows sum to 1 too.
+        draw (Callable[[int], Mixing] | None): a random topology's W_t of round t (None: not random).
+        symmetry (str | None): a random topology's (:class:`RandomRounds`).
+
+    Example::
+
+        >>> from gossamer.extend import Mixing, Topology
+        >>> n = 4
+        >>> ring = Mixing([range(n), [(i + 1) % n for i in range(n)], [(i - 1) % n for i in range(n)]],
+        ...               [[1 / 3] * n] * 3)
+        >>> topology = Topology("my-ring", n, (ring,))
+        >>> topology.kind, topology.mixing(7) is ring, topology.matrix(0).sum(0)
+        ('static', True, array([1., 1., 1., 1.]))
+    """
 
     name: str
     n: int
     mixings: tuple[Mixing, ...]
     doubly_stochastic: bool = True
     draw: Callable[[int], Mixing] | None = field(default=None, compare=False, repr=False)
-    symmetry: str | None = None  # a random topology's: see RandomRounds
+    symmetry: str | None = None
     _recent: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     @property
@@ -92,10 +113,28 @@ class Topology:
 
 
 def drop_slots(mixing: Mixing, dropped: np.ndarray) -> Mixing:
-    """W without the links in the ``dropped`` slots (bool [K, n]): each worker keeps for itself
-    the weight it gave a dropped neighbour (slot 0), so its row still sums as before and a row
-    with nothing dropped is unchanged. Dropping both directions of an undirected link keeps a
-    symmetric W symmetric, hence doubly stochastic."""
+    """W without the links in the dropped slots: each worker keeps the weight it gave a dropped neighbour.
+
+    The weight goes to slot 0, so each row still sums as before and a row with nothing dropped
+    is unchanged. Dropping both directions of an undirected link keeps a symmetric W symmetric,
+    hence doubly stochastic.
+
+    Args:
+        mixing (Mixing): W.
+        dropped (ndarray): bool [K, n], the slots whose links are dropped (slot 0 is never).
+
+    Returns:
+        Mixing: the new W (``mixing`` itself when nothing is dropped).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from gossamer.extend import Mixing, drop_slots
+        >>> pair = Mixing([[0, 1], [1, 0]], [[0.5, 0.5], [0.5, 0.5]])  # workers 0 and 1 average
+        >>> drop_slots(pair, np.array([[False, False], [True, False]])).dense()  # 0 does not hear 1
+        array([[1. , 0. ],
+               [0.5, 0.5]])
+    """
     dropped = dropped & (np.arange(mixing.K) > 0)[:, None]
     if not dropped.any():
         return mixing
@@ -117,10 +156,30 @@ def require_undirected(topology: Topology, option: str, who: str) -> None:
 
 
 def keep_living(mixing: Mixing, alive: np.ndarray) -> Mixing:
-    """W among the ``alive`` workers (bool [n]) by local repair: every link to or from a gone
-    worker is dropped (:func:`drop_slots`): a gone worker's row is e_i and no living worker reads
-    it; a living row that never read a gone worker is unchanged, and a one-peer round stays one
-    peer. Column sums, hence the living workers' mean, are kept when W is symmetric."""
+    """W among the living workers by local repair: every link to or from a gone worker is dropped.
+
+    As :func:`drop_slots` drops them: a gone worker's row is e_i and no living worker reads it; a
+    living row that never read a gone worker is unchanged, and a one-peer round stays one peer.
+    Column sums, hence the living workers' mean, are kept when W is symmetric. The engines'
+    default repair (``engine.living(W)``).
+
+    Args:
+        mixing (Mixing): W.
+        alive (ndarray): bool [n], the workers alive.
+
+    Returns:
+        Mixing: the repaired W.
+
+    Example::
+
+        >>> import numpy as np
+        >>> from gossamer.extend import Mixing, keep_living
+        >>> everyone = Mixing([[0, 1, 2], [1, 2, 0], [2, 0, 1]], np.full((3, 3), 1 / 3))
+        >>> keep_living(everyone, np.array([True, True, False])).dense().round(3)
+        array([[0.667, 0.333, 0.   ],
+               [0.333, 0.667, 0.   ],
+               [0.   , 0.   , 1.   ]])
+    """
     rows = np.broadcast_to(np.arange(mixing.n), mixing.index.shape)
     return drop_slots(mixing, (mixing.weight != 0) & ~(alive[rows] & alive[mixing.index]))
 

@@ -38,7 +38,7 @@ TOPOLOGIES = Registry("topology", error=TopologyError, traits={
 
 @dataclass(frozen=True, eq=False)
 class Mixing:
-    """One gossip matrix W in neighbour-slot form:
+    """One gossip matrix W in neighbour-slot form, what engines gossip and exchange over:
 
         (W X)_i = sum_k weight[k, i] * X[index[k, i]],
 
@@ -50,11 +50,27 @@ class Mixing:
     block-diagonal mean over them (W[i, j] = 1/G when i and j share a group, else 0), which
     index/weight hold as well. Engines may then run the round as a mean within each group (priced
     as a ring all-reduce per group) instead of a gossip round. None: a gossip round.
+
+    Args:
+        index (array-like): int [K, n], the worker that i reads in slot k.
+        weight (array-like): float [K, n], the weight i gives it.
+        groups (array-like | None): int [k, G], the groups W averages exactly, or None.
+
+    Example::
+
+        >>> from gossamer.extend import Mixing
+        >>> n = 4  # slot 0: the worker itself, slots 1 and 2: its neighbours on a ring
+        >>> ring = Mixing([range(n), [(i + 1) % n for i in range(n)], [(i - 1) % n for i in range(n)]],
+        ...               [[1 / 3] * n] * 3)
+        >>> ring.dense()[0].round(3)  # row 0 of W
+        array([0.333, 0.333, 0.   , 0.333])
+        >>> ring.n, ring.K, round(ring.p, 3)  # p: the mixing quality 1 − ‖W − J‖²
+        (4, 3, 0.889)
     """
 
-    index: np.ndarray  # int64 [K, n]
-    weight: np.ndarray  # float64 [K, n]
-    groups: np.ndarray | None = None  # int64 [k, G]: the groups W averages exactly, or None
+    index: np.ndarray
+    weight: np.ndarray
+    groups: np.ndarray | None = None
     _plans: dict = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -218,11 +234,28 @@ def regular_degree(name: str, arg: str | None, default: int, letter: str, n: int
 
 @dataclass(frozen=True)
 class RandomRounds:
-    """What the builder of a random topology returns: ``draw(rng) → W_t``, called with the
-    generator of (seed, t) for round t (:func:`~gossamer.topology.round_generator`). ``symmetry``: what relabelling
-    of the workers leaves the law of W_t unchanged — "exchangeable" (any permutation: random
-    matchings, regular graphs, partitions), "cyclic" (the rotations i → i + c) or None — which
-    the analysis uses to average its estimates over (:func:`~gossamer.topology.expected_contraction`)."""
+    """What the builder of a random topology returns: a fresh W_t every round, drawn from (seed, t) alone.
+
+    Args:
+        draw (Callable[[Generator], Mixing]): W_t from numpy's generator of (topology seed, t).
+        symmetry (str | None): what relabelling of the workers leaves the law of W_t unchanged —
+            "exchangeable" (any permutation: random matchings, regular graphs, partitions),
+            "cyclic" (the rotations i → i + c) or None — which the analysis averages its
+            estimates over (:func:`~gossamer.topology.expected_contraction`).
+
+    Example::
+
+        >>> import numpy as np
+        >>> from gossamer.extend import TOPOLOGIES, Mixing, RandomRounds, host_stream
+        >>> def shift(n, s):  # every worker averages with the one s ahead of it
+        ...     return Mixing([range(n), [(i + s) % n for i in range(n)]], np.full((2, n), 0.5))
+        >>> @TOPOLOGIES.register("random-shift", help="a random cyclic shift every round", per_round=True)
+        ... def build(n, param, seed):
+        ...     return RandomRounds(lambda rng: shift(n, int(rng.integers(1, n))), symmetry="cyclic")
+        >>> rounds = build(8, None, seed=0)
+        >>> rounds.draw(host_stream("topology-round", 0, 5)).dense().sum(0)  # W_5 of seed 0: column-stochastic
+        array([1., 1., 1., 1., 1., 1., 1., 1.])
+    """
 
     draw: Callable[[np.random.Generator], Mixing]
     symmetry: str | None = None
