@@ -236,19 +236,27 @@ def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
 ONE_PER_PROCESS = ("allreduce", "gossip", "choco", "sgp", "gradient-tracking", "hierarchical", "diloco", "moshpit",
                    "dspodfl")
 def byzantine_pairs() -> dict[str, list[str]]:
-    """Every attack × aggregator pair a family takes: local SGD (the all-reduce family) and gossip on
-    a ring, 6 workers, worker 3 Byzantine (the 2-process launch holds it in its second process)."""
+    """Each attack against the plain mean (its rows crafted from the engine's reads of the honest
+    moments, or its noise drawn per row) and each robust aggregator against one attack, in turn:
+    local SGD (the all-reduce family) and gossip on a ring, 6 workers, worker 3 Byzantine (the
+    2-process launch holds it in its second process). Every pair runs in the simulator
+    (tests/test_byzantine.py); the pairs meet on processes only through these paths."""
     from gossamer.byzantine import aggregators, attacks
     from gossamer.robust import AGGREGATORS
 
     families = {"local": (["algorithm=local", "local_steps=2"], "allreduce"),
                 "gossip": (["algorithm=gossip", "topology=ring"], "gossip")}
-    return {f"byzantine-pair-{family}-{attack}-{rule}": [*algorithm, "workers=6", "byzantine.workers=[3]",
-                                                     f"byzantine.attack={attack}", f"byzantine.aggregator={rule}",
-                                                     *(["byzantine.clip=0.1"] if "clip" in AGGREGATORS[rule].traits.get(
-                                                         "keys", ()) else [])]
-            for family, (algorithm, model) in families.items() for attack in attacks(model)
-            for rule in aggregators(model)}
+    cases = {}
+    for family, (algorithm, model) in families.items():
+        threats, robust = attacks(model), [rule for rule in aggregators(model) if rule != "mean"]
+        pairs = [(attack, "mean") for attack in threats] + [(threats[k % len(threats)], rule)
+                                                           for k, rule in enumerate(robust)]
+        for attack, rule in pairs:
+            clip = ["byzantine.clip=0.1"] if "clip" in AGGREGATORS[rule].traits.get("keys", ()) else []
+            cases[f"byzantine-pair-{family}-{attack}-{rule}"] = [
+                *algorithm, "workers=6", "byzantine.workers=[3]", f"byzantine.attack={attack}",
+                f"byzantine.aggregator={rule}", *clip]
+    return cases
 
 
 # groups that are not blocks, each spanning processes unevenly or one member a process: on 4 and
