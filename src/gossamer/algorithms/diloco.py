@@ -173,8 +173,9 @@ class DiLoCo(Schedule):
                 gathered = engine.all_gather(codec.compress(outer - X[:, cols], t, engine.rows), async_op=True)
                 gradient = Work(lambda: codec.combine(gathered.wait(), t))
             elif engine.adversary is not None:  # the outer gradients travel, for the robust rule
-                gradient = Work.done(outer - X[:, cols])
-                engine.allreduce_mean_(gradient.wait(), f"outer-gradient/{j}")
+                robust = outer - X[:, cols]
+                engine.allreduce_mean_(robust, f"outer-gradient/{j}")
+                gradient = Work.done(robust)
             else:
                 mean = engine.allreduce_mean_(X[:, cols].clone(), async_op=True)
                 gradient = Work(lambda: outer - mean.wait())

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from ..algorithms import Context, begin_step, build_schedule
+from ..algorithms import ALGORITHMS, Context, begin_step, build_schedule
 from ..algorithms.gossip import gossip_state, local_estimate
 from ..config import from_dict
 from ..engines.base import Engine
@@ -48,8 +48,6 @@ from ..registry import ConfigError
 from ..workers import bind_row, float_buffers, layout
 
 BUFFER_POLICIES = ("local", "average")
-# the schedules whose step is the user's optimizer step with the schedule's communication around it
-HOOKED = ("local", "post-local", "hierarchical", "gossip", "diloco")
 
 
 class Synchronizer:
@@ -109,8 +107,10 @@ class Synchronizer:
                               f"train --set engine=sim")
         if engine is not None and engine.m != 1:
             raise ConfigError(f"engine must hold one worker's row (one model per worker), got {engine.m} rows")
-        if self.algorithm not in HOOKED:  # a subclass naming another schedule would train plain local SGD
-            raise ConfigError(f"the step hooks run the algorithms {', '.join(HOOKED)}, not '{str(self.algorithm)[:100]}' "
+        # the schedules whose step is the user's optimizer step with communication around it declare their hook
+        hooked = [e.name for e in ALGORITHMS.entries.values() if "hook" in e.traits]
+        if self.algorithm not in hooked:  # a subclass naming another schedule would train plain local SGD
+            raise ConfigError(f"the step hooks run the algorithms {', '.join(hooked)}, not '{str(self.algorithm)[:100]}' "
                               f"(its step is not the optimizer's step plus communication): use gossamer train")
         n = engine.n if engine is not None else env_world_size(group)
         self.cfg = from_dict({"workers": n, "algorithm": self.algorithm, "engine": "dist",
