@@ -11,6 +11,7 @@ from pathlib import Path
 
 from gossamer import testing
 from gossamer.algorithms import ALGORITHMS
+from gossamer.async_processes import served
 from gossamer.codecs import CODECS, ERROR_FEEDBACK
 from gossamer.config import load_config
 from gossamer.optim import OPTIMIZERS
@@ -226,8 +227,13 @@ ROUND_TOPOLOGY_CASES = {"gossip-random-matching": ["algorithm=gossip", "topology
 # processes (2 workers each) from the middle of the codec list and with every FEATURE, on 4 (one
 # worker each) from its start
 def on_dist(cases: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The cases engine dist runs (ad-psgd and async-local-sgd are the simulator's only)."""
-    return {name: o for name, o in cases.items() if _valid([*o, "engine=dist"])}
+    """The cases engine dist runs in its lock-step loop (ad-psgd is the simulator's only; a server
+    algorithm, async-local-sgd, runs its own processes: tests/test_async_processes.py)."""
+    return {name: o for name, o in cases.items() if _valid([*o, "engine=dist"]) and not _served(o)}
+
+
+def _served(overrides: list[str]) -> bool:
+    return served(load_config(None, [*SHORT, *overrides, "engine=dist"]))
 
 
 # on 4 processes, the algorithms whose traffic changes when every neighbour, group or block member

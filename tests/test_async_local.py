@@ -202,7 +202,11 @@ def test_a_grace_window_holds_the_pushes_of_the_faster_workers():
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["engine=dist"], "algorithm async-local-sgd runs only on engine sim"),
+    (["engine=dist", "network.bandwidth=1000", "network.latency=0", "compute_ms=1"],
+     "async-local-sgd on engine dist runs on a real network: drop the network section"),
+    (["engine=dist", "server_rank=-1"], "server_rank must be a rank >= 0"),
+    (["server_rank=1"], "server_rank applies only to engine dist"),
+    (["engine=dist", "compute_ms=1"], "compute_ms applies only with a network section"),
     (["grace_window=-1"], "grace_window must be >= 0"),
     (["grace_window=0.1"], "grace_window is in simulated seconds: it needs a network section"),
     (["dylu=true"], "dylu sets each worker's steps from its speed: it needs slow_workers"),

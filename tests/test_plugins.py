@@ -166,7 +166,7 @@ def test_resume_refuses_a_changed_or_missing_plugin(tmp_path, capsys):
     ("from gossamer.extend import ALGORITHMS, REJOIN_MODES\n@ALGORITHMS.register('typo-faults', fault=REJOIN_MODES)\n"
      "def b(cfg, ctx): pass\n",  # a typo'd trait is refused where it is declared, not ignored (issue 44, item 3)
      "failed to register: algorithm 'typo-faults' declares an unknown trait 'fault'; an algorithm's traits are: "
-     "faults, byzantine, requires, requires_why, byzantine_group, hook (bad.py line 2)"),
+     "faults, byzantine, requires, requires_why, byzantine_group, server, hook (bad.py line 2)"),
 ])
 def test_a_plugin_that_fails_is_one_line_and_changes_no_registry(tmp_path, capsys, text, message):
     plugin = tmp_path / "bad.py"
@@ -184,7 +184,7 @@ def test_a_registry_refuses_an_unknown_trait_at_registration_and_takes_a_known_o
     from gossamer.topology import TOPOLOGIES
     with pytest.raises(UnknownTrait, match=r"^algorithm 'my-algo' declares an unknown trait 'fault'; an algorithm's "
                                            r"traits are: faults, byzantine, requires, requires_why, byzantine_group, "
-                                           r"hook$"):
+                                           r"server, hook$"):
         ALGORITHMS.register("my-algo", fault=("stale",))
     with pytest.raises(ConfigError, match=r"^topology 'my-graph' declares an unknown trait 'per_rounds'; a topology's "
                                           r"traits are: size, per_round$"):

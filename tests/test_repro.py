@@ -221,7 +221,7 @@ def train_or_diverge(cfg, out):
     worker processes import it)."""
     from dataclasses import replace
 
-    from gossamer.cli import train_suite_run
+    from gossamer.runner import train_suite_run
 
     train_suite_run(replace(cfg, lr=1e6) if out.name.startswith(slug(VICTIM)) else cfg, out)
 

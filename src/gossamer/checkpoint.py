@@ -126,7 +126,7 @@ def _on(state, device: torch.device):
 def check_resumable(saved: dict, new: dict, run_dir: str) -> None:
     """Refuse to resume with a config that differs from the saved one in anything that changes
     training (every key but :data:`RESUMABLE_KEYS`), naming the keys."""
-    shown = _differences(saved, new)
+    shown = config_differences(saved, new)
     if shown:
         raise ConfigError(f"--resume {run_dir[:100]}: the config differs from the run's in {shown}; "
                           f"only {', '.join(RESUMABLE_KEYS)} may change")
@@ -135,13 +135,13 @@ def check_resumable(saved: dict, new: dict, run_dir: str) -> None:
 def check_checkpoint(run_config: dict, written_with: dict, run_dir: str) -> None:
     """Refuse a checkpoint written with another config than the run's (its config.yaml, with the
     changes a resume may make) in anything that changes training, naming the keys."""
-    shown = _differences(written_with, run_config)
+    shown = config_differences(written_with, run_config)
     if shown:
         raise ConfigError(f"--resume {run_dir[:100]}: checkpoint.pt was written with a config that differs from "
                           f"config.yaml in {shown}; it is another run's checkpoint, or config.yaml was edited")
 
 
-def _differences(a: dict, b: dict) -> str:
+def config_differences(a: dict, b: dict) -> str:
     """The keys (but :data:`RESUMABLE_KEYS`) whose values differ, with both values ("" if none).
     Plugins are compared by their content (a plugin moved elsewhere, ``--plugin NEWPATH``, is the same)."""
     def comparable(config: dict, key: str):

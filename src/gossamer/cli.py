@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
-import time
 from pathlib import Path
 
 from . import plugins
 from .checkpoint import check_resumable
 from .codecs import CODECS
 from .outer import OUTER_OPTIMIZERS
-from .config import KINDS, SEED_LIMIT, ConfigError, from_dict, load_config
+from .config import KINDS, ConfigError, from_dict, load_config
 from .registry import short
 from .network import PRESETS, NetworkConfig
 from .plots import plot_runs
@@ -28,8 +26,10 @@ from .repro import SCALES, SUITES, run_suite
 from .topology import DECAY, SAMPLE_ROUNDS, TOPOLOGIES, analyse, build_topology
 from .train import Diverged
 # one run into its directory, shared with gossamer.run (re-exported: gossamer.cli.run_training)
-from .runner import Finished, Stopped, run_training
-from .rundir import LOCK, MARKER, RunLock, read_summary, saved_config
+from .async_processes import event_log, replay, run_processes, served
+from .many_runs import empty_out, positive, seed_range, train_many
+from .runner import Finished, Stopped, run_training, train_suite_run
+from .rundir import LOCK, MARKER, RunLock, default_out, read_summary, saved_config
 from .version import package_version
 
 
@@ -47,10 +47,6 @@ def _fail(message: str, code: int) -> int:
 def _rank() -> int:
     """This process's rank under torchrun (0 without it)."""
     return int(os.environ.get("RANK", 0))
-
-
-def _default_out(prefix: str) -> Path:
-    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def _path(value: str) -> str:
@@ -96,13 +92,15 @@ def _resume_lock(resume: Path | None) -> RunLock | None:
 
 
 def cmd_train(args) -> int:
+    if args.replay:
+        return _replay(args)
     if args.seeds is not None or args.first_seed is not None or args.sweep or args.jobs != 1:
-        return _train_many(args)
+        return train_many(args)
     resume = _resume_dir(args)
     lock = _resume_lock(resume)
     try:
         cfg = _resumed_config(args, resume) if resume else load_config(args.config, args.set, plugin=args.plugin)
-        out = Path(resume or args.out or _default_out(f"{cfg.algorithm}-n{cfg.workers}"))
+        out = Path(resume or args.out or default_out(f"{cfg.algorithm}-n{cfg.workers}"))
         # a restart that finds the folder its killed first attempt left before any checkpoint (its marker,
         # config.yaml, metrics.jsonl) starts over there
         restart = args.resume_if_exists and not resume and ((out / MARKER).is_file() or (out / "config.yaml").is_file())
@@ -112,8 +110,9 @@ def cmd_train(args) -> int:
                 raise ConfigError(f"--out '{short(out)}' holds {short(theirs[0])}, which no gossamer run wrote: "
                                   f"--resume-if-exists starts a run only in an empty folder or continues its own; "
                                   f"choose another --out")
-        summary = run_training(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
-                               lock=lock)
+        train_into = run_processes if served(cfg) else run_training
+        summary = train_into(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
+                             lock=lock)
     except Finished as e:
         if not args.resume_if_exists:
             raise
@@ -122,94 +121,30 @@ def cmd_train(args) -> int:
     finally:
         if lock:
             lock.release()
-    if cfg.engine == "dist" and _rank() != 0:
+    if cfg.engine == "dist" and _rank() != (cfg.server_rank if served(cfg) else 0):
         return 0
+    return _said(summary, out)
+
+
+def _said(summary: dict, out: Path) -> int:
     shown = [k for k in summary if k.startswith("test_")] + ["final_consensus_distance_sq", "comm_rounds"]
     print(json.dumps({k: summary[k] for k in shown}))
     print(f"run written to {out}")
     return 0
 
 
-def _positive(option: str, value: int) -> None:
-    if value < 1:
-        raise ConfigError(f"{option} must be a positive integer, got {value}")
-
-
-def _seed_range(first: int, seeds: int) -> None:
-    """Seeds first … first + seeds − 1 must all be valid seeds."""
-    if not 0 <= first <= SEED_LIMIT - seeds:
-        raise ConfigError(f"--first-seed must be an integer in [0, 2**44 - seeds], got {first}")
-
-
-MAX_RUNS = 100_000  # runs one train --seeds/--sweep command builds (each a config, checked before any trains)
-
-
-def _empty_out(out: Path, overwrite: bool) -> None:
-    """Refuse to train many runs into a folder that holds something, unless told to overwrite."""
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"--out '{out}' is not empty; pass --overwrite to replace its runs")
-
-
-def _train_many(args) -> int:
-    """``gossamer train --seeds K [--first-seed S] [--sweep KEY=[V,...]] [--jobs J]``: every seed ×
-    every combination of the swept values, each its own run in ``--out``/``seed-S[-KEY-V...]``, the
-    run ``gossamer train --set seed=S --set KEY=V`` writes; trained in J worker processes."""
-    from itertools import product
-
-    from .repro import DIVERGED, Job, estimate_work, parse_grid, slug, train_all
-
-    if args.resume or args.resume_if_exists:
-        raise ConfigError("--seeds, --sweep and --jobs train new runs; resume each run directory on its own "
-                          "(gossamer train --resume DIR)")
-    seeds = 1 if args.seeds is None else args.seeds
-    _positive("--seeds", seeds)
-    _positive("--jobs", args.jobs)
-    if args.first_seed is not None:
-        _seed_range(args.first_seed, seeds)
-    grids = [parse_grid(text, "--sweep") for text in args.sweep]
-    keys = [key for key, _ in grids]
-    given = {o.partition("=")[0].strip() for o in args.set}
-    for key in keys:
-        clash = ("swept twice" if keys.count(key) > 1 else "what --seeds and --first-seed set" if key == "seed"
-                 else "also given with --set" if key in given else None)
-        if clash:
-            raise ConfigError(f"--sweep {key}: {key} is {clash}; give it once")
-    base = load_config(args.config, args.set, plugin=args.plugin)
-    if base.engine == "dist":
-        raise ConfigError("--seeds, --sweep and --jobs run on the simulator (engine sim); under torchrun launch each "
-                          "run on its own")
-    first = base.seed if args.first_seed is None else args.first_seed
-    out = Path(args.out or _default_out(f"{base.algorithm}-n{base.workers}-runs"))
-    runs = seeds * math.prod(len(grid) for _, grid in grids)
-    if runs > MAX_RUNS:
-        raise ConfigError(f"--seeds {seeds}{' and --sweep' if grids else ''} ask for {runs:,} runs; one command trains "
-                          f"at most {MAX_RUNS:,}")
-    _empty_out(out, args.overwrite)
-    jobs, names = [], {}
-    for seed in range(first, first + seeds):
-        for values in product(*(grid for _, grid in grids)):
-            chosen = [f"{key}={value}" for key, value in zip(keys, values)]
-            name = "-".join([f"seed-{seed}", *(f"{slug(k)}-{slug(str(v))}" for k, v in zip(keys, values))])
-            if names.setdefault(name, chosen) != chosen:
-                raise ConfigError(f"--sweep: {' '.join(names[name])} and {' '.join(chosen)} would share the run "
-                                  f"folder '{name}'; sweep values that differ in more than / and - and spaces")
-            cfg = load_config(args.config, [*args.set, f"seed={seed}", *chosen], plugin=args.plugin)
-            if cfg.engine == "dist":
-                raise ConfigError(f"--sweep {' '.join(chosen)}: --seeds, --sweep and --jobs run on the simulator "
-                                  f"(engine sim); under torchrun launch each run on its own")
-            jobs.append(Job(f"training {name}", cfg, out / name))
-    combinations = len(jobs) // seeds  # each built once (its data and model) before any trains: bad ones refused now
-    work = estimate_work([job.cfg for job in jobs[:combinations]], seeds)
-    print(f"{len(jobs)} runs into {out}{f' in {args.jobs} processes' if args.jobs > 1 else ''}: {work}", file=sys.stderr)
-    train_all(jobs, train_suite_run, lambda line: print(line, file=sys.stderr), args.jobs)
-    finished = {job.out.name: read_summary(job.out) for job in jobs
-                if (job.out / "summary.json").is_file() and not (job.out / DIVERGED).is_file()}
-    print(comparison_table(finished))
-    diverged = [job.out.name for job in jobs if job.out.name not in finished]
-    if diverged:
-        print(f"diverged (no summary): {', '.join(diverged)}")
-    print(f"runs written to {out}")
-    return 0
+def _replay(args) -> int:
+    """``--replay DIR``: the run's config (or CONFIG and --set, which must be its config) on its event log."""
+    taken = [o for o, v in (("--resume", args.resume), ("--resume-if-exists", args.resume_if_exists),
+                            ("--seeds", args.seeds is not None), ("--sweep", args.sweep), ("--jobs", args.jobs != 1))
+             if v]
+    if taken:
+        raise ConfigError(f"--replay trains one run from an event log; {taken[0]} does not apply to it")
+    event_log(Path(args.replay))
+    saved = None if args.config or args.set else saved_config(args.replay)
+    cfg = load_config(args.config, args.set, base=saved, plugin=args.plugin)
+    out = Path(args.out or default_out(f"replay-{cfg.algorithm}-n{cfg.workers}"))
+    return _said(replay(cfg, Path(args.replay), out, args.overwrite, progress=not args.quiet), out)
 
 
 WORKING_AFTER = 5.0  # seconds after which `gossamer topology` says it is still working
@@ -331,9 +266,9 @@ def cmd_demo(args) -> int:
     control; a comparison table and what it shows."""
     from .repro import cpu_base, phase_means
 
-    out = Path(args.out) if args.out else _default_out("demo")
+    out = Path(args.out) if args.out else default_out("demo")
     epochs = args.epochs if args.epochs is not None else DEMO_EPOCHS
-    _positive("--epochs", epochs)
+    positive("--epochs", epochs)
     base = [*cpu_base(False, epochs), "num_samples=10000", f"workers={DEMO_WORKERS}", f"eval_every={epochs}"]
     summaries, phase1 = {}, {}
     for name, overrides in demo_runs(out).items():
@@ -352,22 +287,17 @@ def cmd_demo(args) -> int:
     return 0
 
 
-def train_suite_run(cfg, run_out: Path) -> None:
-    """Train one run of a suite into its directory (a module-level function: worker processes import it)."""
-    run_training(cfg, run_out, overwrite=True, progress=False)
-
-
 def cmd_repro(args) -> int:
     """A paper experiment suite: every variant × seed, then results.md and its plots."""
-    _positive("--seeds", args.seeds)
-    _seed_range(args.first_seed, args.seeds)
+    positive("--seeds", args.seeds)
+    seed_range(args.first_seed, args.seeds)
     if len(args.tune) > 1:
         keys = " and ".join(t.partition("=")[0] for t in args.tune)
         raise ConfigError(f"--tune is given {len(args.tune)} times ({short(keys)}): one key is tuned at a time; tune "
                           f"one, then give the value chosen with --set")
-    _positive("--jobs", args.jobs)
-    out = Path(args.out) if args.out else _default_out(f"repro-{args.suite}")
-    _empty_out(out, args.overwrite or args.dry_run)
+    positive("--jobs", args.jobs)
+    out = Path(args.out) if args.out else default_out(f"repro-{args.suite}")
+    empty_out(out, args.overwrite or args.dry_run)
     results = run_suite(args.suite, out, args.seeds, args.quick, train_suite_run, overrides=args.set,
                         scale=args.scale, dry_run=args.dry_run, first_seed=args.first_seed,
                         tune_grid=args.tune[0] if args.tune else None, jobs=args.jobs)
@@ -425,6 +355,10 @@ def _add_train(sub) -> None:
     t.add_argument("--resume-if-exists", action="store_true",
                    help="with --out DIR: continue the run there if DIR holds a checkpoint of this config, else "
                    "start it (an elastic restart under torchrun --max-restarts; see docs/faults.md)")
+    t.add_argument("--replay", metavar="RUN_DIR", type=_path,
+                   help="train in this process on the event log of an async-local-sgd run on engine dist (its "
+                        "config, or CONFIG and --set, which must match it): the rows equal the processes' bit for "
+                        "bit (docs/distributed.md)")
     t.add_argument("--plugin", action="append", default=[], metavar="FILE_OR_MODULE", type=_path,
                    help="import a Python file or module that registers algorithms, codecs, topologies, optimizers, "
                         "models or data sets (repeatable; recorded in config.yaml; docs/extending.md)")

@@ -219,8 +219,10 @@ class Config:
             self.network.validate(self)
             check_compute(self.compute_ms if self.compute_ms is not None else "measured")
         else:
+            # the workers of a server on real processes sleep their speeds (algorithms/async_server.py)
+            sleeping = self.engine == "dist" and ALGORITHMS[self.algorithm].traits.get("server")
             for key in TIME_KEYS:
-                if getattr(self, key) is not None:
+                if getattr(self, key) is not None and not (sleeping and key != "compute_ms"):
                     raise ConfigError(f"{key} applies only with a network section (network: PRESET or "
                                       f"network.bandwidth and network.latency): it sets the compute time of the "
                                       f"simulated clock")

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -195,12 +196,13 @@ class RunDir:
       diverges or is stopped before that leaves the old run as it was); then the two are swapped
       (:func:`swap_in`). Only the names the old run wrote are replaced; other files stay.
     - ``resume``: the folder's own run continues; metrics.jsonl is cut back to the checkpoint.
+    - ``extra``: the names of other files the run writes there (an event log).
     Every file but metrics.jsonl is written atomically; metrics.jsonl is flushed to disk at every
     checkpoint and evaluation. An OSError while writing (a full disk) is one line naming the file.
     """
 
     def __init__(self, path: str | Path, overwrite: bool = False, logger: str | list[str] = "none",
-                 resume_step: int | None = None, lock: RunLock | None = None):
+                 resume_step: int | None = None, lock: RunLock | None = None, extra: tuple[str, ...] = ()):
         self.path = Path(path)
         self.dir = self.path
         self.option = "--out" if resume_step is None else "--resume"
@@ -212,7 +214,7 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         self._lock = lock or RunLock(self.path, self.option)
         try:
-            names = {*RUN_FILES, *logger_files(logger)}
+            names = {*RUN_FILES, *logger_files(logger), *extra}
             old = self._check(names, overwrite, resume_step)
             staged = [name for name in logger_names(logger) if LOGGERS[name].traits.get("in_place")] \
                 if old and resume_step is None else []
@@ -345,6 +347,11 @@ class RunDir:
                     recover(self.path)
         finally:
             self._lock.release()
+
+
+def default_out(prefix: str) -> Path:
+    """runs/PREFIX-TIME: where a run goes without --out."""
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def load_checkpoint(path: str | Path) -> dict:

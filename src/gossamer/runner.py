@@ -79,6 +79,11 @@ def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume:
     return _train_into(cfg, run, run_dir, out, progress, state)
 
 
+def train_suite_run(cfg, run_out: Path) -> None:
+    """Train one run of a suite into its directory (a module-level function: worker processes import it)."""
+    run_training(cfg, run_out, overwrite=True, progress=False)
+
+
 def _resumed_state(cfg, run, out: Path) -> dict:
     """The checkpoint of the run in ``out``, written with its config.yaml's config; a finished run
     (its summary written) is refused."""

@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from functools import partial
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,8 +63,9 @@ from ..engines.ledger import row_bytes
 from ..network import Speeds
 from ..outer import OuterOptions, OuterStep, build_outer
 from ..registry import ConfigError, positive_ints, short
+from .async_server import AsyncServer, ParameterServer
 from .asynchronous import check_event_driven
-from .schedule import ALGORITHMS, Context, Schedule, StepIO, Stepped, begin_step
+from .schedule import ALGORITHMS, Context, StepIO, Stepped, begin_step
 
 STEP, ARRIVAL, CLOSE = 0, 1, 2  # event kinds, in the order they run at one moment
 WEIGHTS = ("unit", "constant", "polynomial")
@@ -96,8 +98,19 @@ def staleness_weight(rule: str, n: int, staleness: int) -> float:
     return constant if rule == "constant" else constant / math.sqrt(1 + staleness)
 
 
+def apply_push(rule: str, n: int, outer: OuterStep, theta: torch.Tensor, gradient: torch.Tensor, staleness: int,
+               t: int) -> None:
+    """The server's step for a push g_w of staleness τ at loop step t: θ ← OuterOpt(θ, λ(τ)·g_w)
+    (``gradient`` is left as it was)."""
+    gradient = gradient.clone()
+    weight = staleness_weight(rule, n, staleness)
+    if weight != 1.0:
+        gradient.mul_(weight)
+    outer.step(theta, gradient, t, staleness)
+
+
 @dataclass
-class AsyncLocalSGD(Schedule):
+class AsyncLocalSGD(ParameterServer):
     """The server, the workers' rounds and the event queue (module docstring)."""
 
     outer: OuterStep
@@ -107,8 +120,6 @@ class AsyncLocalSGD(Schedule):
     reset: bool = False  # inner_state: reset
     optimizer: object = None  # the local optimizer (its reset_ of a worker's state)
     timing: ServerTiming = field(default_factory=ServerTiming)
-    version: int = 0  # v
-    versions: list[int] = field(default_factory=list)  # v_w
     left: list[int] = field(default_factory=list)  # inner steps left in w's round (0: pushed, waiting)
     count: list[int] = field(default_factory=list)  # inner steps w has taken
     ready: list[bool] = field(default_factory=list)  # whether w's next step's gradient is computed
@@ -118,12 +129,6 @@ class AsyncLocalSGD(Schedule):
     waiting: list[int] = field(default_factory=list)  # the workers whose pushes it holds, in arrival order
     link_free: list[float] = field(default_factory=lambda: [0.0, 0.0])  # the server's link, in and out
     calls: int = 0  # batched gradient calls (each draws its augmentation from it)
-    pushes: int = 0
-    pulls: int = 0
-    staleness_sum: int = 0
-    staleness_max: int = 0
-    theta: torch.Tensor | None = None  # θ [1, d]
-    anchor: torch.Tensor | None = None  # θ_w [n, d]
     pushed: torch.Tensor | None = None  # g_w in flight [n, d]
     grads: torch.Tensor | None = None  # [n, d]
     losses: torch.Tensor | None = None  # [n]
@@ -139,9 +144,6 @@ class AsyncLocalSGD(Schedule):
         self.ready, self.arrived = [False] * n, [0.0] * n
         self.events = [(self._finish(0.0, w), STEP, w) for w in range(n)]
         heapq.heapify(self.events)
-
-    def model_row(self, engine, X: torch.Tensor) -> torch.Tensor:
-        return self.theta[0]
 
     def step(self, io: StepIO) -> Stepped:
         """The next n inner steps, with the pushes, arrivals and pulls among them and up to the
@@ -199,14 +201,8 @@ class AsyncLocalSGD(Schedule):
             self.window = now + self.grace
             heapq.heappush(self.events, (self.window, CLOSE, -1))
         staleness = self.version - self.versions[w]
-        gradient = self.pushed[w : w + 1].clone()
-        weight = staleness_weight(self.weight, len(self.steps), staleness)
-        if weight != 1.0:
-            gradient.mul_(weight)
-        self.outer.step(self.theta, gradient, io.t, staleness)
-        self.version += 1
-        self.staleness_sum += staleness
-        self.staleness_max = max(self.staleness_max, staleness)
+        apply_push(self.weight, len(self.steps), self.outer, self.theta, self.pushed[w : w + 1], staleness, io.t)
+        self.applied(staleness)
         self.waiting.append(w)
 
     def _close(self, io: StepIO, now: float) -> None:
@@ -246,13 +242,6 @@ class AsyncLocalSGD(Schedule):
         io.update(rows)
         self._stepped = []
 
-    def metrics(self) -> dict:
-        return {"server_version": self.version, "staleness_mean": self.staleness_sum / max(self.version, 1),
-                "staleness_max": self.staleness_max}
-
-    def counters(self) -> dict:
-        return {"pushes": self.pushes, "pulls": self.pulls, **self.metrics()}
-
     def state_dict(self) -> dict:
         return {"version": self.version, "versions": list(self.versions), "left": list(self.left),
                 "count": list(self.count), "ready": list(self.ready), "arrived": list(self.arrived),
@@ -283,10 +272,11 @@ class AsyncLocalSGDOptions(OuterOptions):
     outer_optimizer: str = "delayed-nesterov"  # the paper's DN; nesterov, sgd or adam: its "vanilla"
     local_steps: int = 1  # H: inner steps per round (the fastest worker's, with dylu)
     async_weight: str = "unit"  # λ(τ) of a push: unit | constant (√n/n) | polynomial (√n/n·(1+τ)^-1/2)
-    grace_window: float = 0.0  # γ: simulated seconds the server waits for more pushes before the pulls
+    grace_window: float = 0.0  # γ: seconds the server waits for more pushes before the pulls (engine dist: wall)
     dylu: bool = False  # H_w from the workers' speeds (slow_workers or worker_speeds)
     dylu_min_steps: int = 1  # H_min of DyLU
     inner_state: str = "keep"  # keep | reset: the local optimizer's state at each pull
+    server_rank: int = 0  # engine dist: the rank of the server process (it does not train)
 
     def validate(self, cfg) -> None:
         positive_ints(self, "local_steps", "dylu_min_steps")
@@ -294,13 +284,18 @@ class AsyncLocalSGDOptions(OuterOptions):
         for key, choices in (("async_weight", WEIGHTS), ("inner_state", INNER_STATES)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"unknown {key} '{short(getattr(self, key))}'; choose one of: {', '.join(choices)}")
-        check_event_driven(cfg)
+        if cfg.engine == "dist":
+            check_processes(self, cfg)
+        else:
+            check_event_driven(cfg)
+            if self.server_rank != 0:
+                raise ConfigError("server_rank applies only to engine dist (the rank of the server process)")
         if cfg.average_optimizer_state:
             raise ConfigError("algorithm async-local-sgd keeps each worker's optimizer state: use "
                               "average_optimizer_state: false")
         if not (self.grace_window >= 0 and math.isfinite(self.grace_window)):
-            raise ConfigError(f"grace_window must be >= 0 simulated seconds, got {self.grace_window}")
-        if self.grace_window and cfg.network is None:
+            raise ConfigError(f"grace_window must be >= 0 seconds, got {self.grace_window}")
+        if self.grace_window and cfg.network is None and cfg.engine != "dist":
             raise ConfigError("grace_window is in simulated seconds: it needs a network section (network: PRESET)")
         if cfg.network is not None and cfg.network.count_metrics:
             raise ConfigError("network.count_metrics holds every worker for a measurement; async-local-sgd has no "
@@ -312,6 +307,18 @@ class AsyncLocalSGDOptions(OuterOptions):
             raise ConfigError("dylu_min_steps applies only with dylu: true")
 
 
+def check_processes(options: AsyncLocalSGDOptions, cfg) -> None:
+    """What async-local-sgd on real processes takes (:mod:`gossamer.algorithms.async_server`)."""
+    if not isinstance(options.server_rank, int) or isinstance(options.server_rank, bool) or options.server_rank < 0:
+        raise ConfigError(f"server_rank must be a rank >= 0, got {short(options.server_rank)}")
+    if cfg.network is not None:
+        raise ConfigError("async-local-sgd on engine dist runs on a real network: drop the network section (its "
+                          "clock is the simulator's)")
+    if cfg.dist_backend == "nccl":
+        raise ConfigError("async-local-sgd on engine dist sends its pushes and pulls point to point over gloo: use "
+                          "dist_backend gloo or auto")
+
+
 def local_steps_of(cfg) -> list[int]:
     """H_w of every worker: H, or DyLU's max(H_min, ⌊(min_j s_j / s_w)·H⌋)."""
     if not cfg.dylu:
@@ -320,9 +327,12 @@ def local_steps_of(cfg) -> list[int]:
     return [max(cfg.dylu_min_steps, math.floor(slow.min() / s * cfg.local_steps)) for s in slow]
 
 
-@ALGORITHMS.register("async-local-sgd", options=AsyncLocalSGDOptions, example=("local_steps=2",),
+@ALGORITHMS.register("async-local-sgd", options=AsyncLocalSGDOptions, example=("local_steps=2",), server=True,
                      help="asynchronous local SGD: a server applies each worker's pseudo-gradient as it arrives, "
                           "Delayed Nesterov, DyLU, a grace window (Liu et al. 2024)")
-def _async_local_sgd(cfg, ctx: Context) -> AsyncLocalSGD:
+def _async_local_sgd(cfg, ctx: Context) -> AsyncLocalSGD | AsyncServer:
+    if cfg.engine == "dist":  # the server of real processes: its events come from the network or a log
+        return AsyncServer(build_outer(cfg, ctx.total_steps), local_steps_of(cfg),
+                           partial(apply_push, cfg.async_weight, cfg.workers))
     return AsyncLocalSGD(build_outer(cfg, ctx.total_steps), local_steps_of(cfg), cfg.async_weight, cfg.grace_window,
                          cfg.inner_state == "reset", ctx.optimizer, ServerTiming.of(ctx.clock, row_bytes(ctx.X)))

@@ -104,7 +104,20 @@ def _destroy_group() -> None:
         dist.destroy_process_group()
 
 
-def _first_line(e: BaseException) -> str:
+def agree(build, gather: Callable[[str | None], list]):
+    """``build()`` on every process; if it raised a ValueError on any, raise the first such error
+    on every process. ``gather(error)``: every process's error (None: none), in rank order."""
+    try:
+        result, error = build(), None
+    except ValueError as e:
+        result, error = None, str(e)
+    first = next((e for e in gather(error) if e), None)
+    if first:
+        raise ValueError(first)
+    return result
+
+
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:200] if text else type(e).__name__
 
@@ -149,7 +162,7 @@ class DistEngine(Engine):
                                         **attempt_store(self._op_timeout))
             except (RuntimeError, ValueError) as e:  # rendezvous failed or timed out
                 raise PeerLost(f"could not form the process group of {world} processes within "
-                               f"{self.timeout:g} s: {_first_line(e)}", []) from None
+                               f"{self.timeout:g} s: {first_line(e)}", []) from None
         self.group = group  # None: the default group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         m = n // self.world
@@ -335,16 +348,11 @@ class DistEngine(Engine):
     def agree(self, build):
         """Run ``build()`` on every rank; if it raised a ValueError on any rank, raise the first such
         error on every rank (so all ranks fail alike, exit 2). Returns build()'s result."""
-        try:
-            result, error = build(), None
-        except ValueError as e:
-            result, error = None, str(e)
-        errors: list = [None] * self.world
-        self._run("agreement", lambda: dist.all_gather_object(errors, error, group=self.group))
-        first = next((e for e in errors if e), None)
-        if first:
-            raise ValueError(first)
-        return result
+        def gather(error: str | None) -> list:
+            errors: list = [None] * self.world
+            self._run("agreement", lambda: dist.all_gather_object(errors, error, group=self.group))
+            return errors
+        return agree(build, gather)
 
     def broadcast_(self, X: torch.Tensor, src: int = 0) -> None:
         """Every rank's X ← rank src's X (in place)."""

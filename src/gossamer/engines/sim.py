@@ -40,10 +40,12 @@ def _mix_gathers(X: torch.Tensor, index: torch.Tensor, weight: torch.Tensor, out
 
 
 class SimEngine(Engine):
-    """n workers in one process: every row is here, communication is tensor ops."""
+    """n workers in one process: every row is here, communication is tensor ops. ``rows``: fewer
+    (a process that trains one worker of an asynchronous run alone and never communicates
+    through the engine: :mod:`gossamer.async_processes`)."""
 
-    def __init__(self, n: int):
-        super().__init__(n, range(n))
+    def __init__(self, n: int, rows: range | None = None):
+        super().__init__(n, range(n) if rows is None else rows)
         self._gathered: torch.Tensor | None = None  # a second [n, d] buffer, for graphs that are not shifts
 
     def _groups_mean_(self, X: torch.Tensor, groups: Groups) -> None:

@@ -1,0 +1,294 @@
+"""Asynchronous local SGD on real processes, and its replay (``gossamer train --replay RUN_DIR``).
+
+Under torchrun, P = n + 1 processes: rank ``server_rank`` runs the training loop with the server
+schedule (:class:`~gossamer.algorithms.async_server.AsyncServer`) on its own view of the n
+workers, writes the run directory and the event log ``events.jsonl``; every other rank is a
+worker (:class:`~gossamer.algorithms.async_server.Worker`) that trains its own model alone.
+Messages are point to point over gloo, staged through host memory: a push is
+[loss, ‖∇f‖², g_w] (d + 2 values of the model's dtype), a pull [θ, v] (d + 1; v = −1: stop). The
+server keeps one receive posted per worker and takes the pushes in the order it sees them
+complete; the grace window is in wall seconds. After the last step it answers every worker with
+a stop: a waiting one at once, a computing one after its next push (late: not applied).
+
+The event log: a header line (the run's config, the processes, the server's rank), then one line
+per event in the order the server took them (:mod:`gossamer.algorithms.async_server`), each with
+its ``wall`` seconds since the server started. A replay trains the same config in this process:
+the server's code on the logged order, each push computed by the worker's code on a one-row run
+of its own, with the processes' intra-op threads (the header's ``threads``: a sum's order follows
+the threads that share it); the rows equal the processes' bit for bit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import threading
+import time
+from collections import deque
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .algorithms import ALGORITHMS
+from .algorithms.async_local import local_steps_of
+from .algorithms.async_server import PULL, PUSH, Event, Replay, Worker
+from .checkpoint import config_differences
+from .engines import SimEngine
+from .engines.dist import agree, attempt_store, first_line
+from .engines.failures import PeerLost
+from .network import Speeds
+from .registry import ConfigError, short
+from .rundir import RunDir, RunLock
+from .runner import _train_into
+from .train import Batches, Run, build_run, lr_at
+
+LOG = "events.jsonl"
+LOG_FORMAT = "gossamer event log 1"
+STOP = -1.0
+
+
+def served(cfg) -> bool:
+    """Whether ``cfg`` runs as a server and its workers on processes (not in the lock-step loop)."""
+    return cfg.engine == "dist" and bool(ALGORITHMS[cfg.algorithm].traits.get("server"))
+
+
+def worker(run: Run, w: int, sleeps: bool) -> Worker:
+    """Worker w's side of ``run`` (a run whose engine holds row w alone)."""
+    cfg = run.cfg
+    return Worker(run, w, local_steps_of(cfg)[w], lambda k: lr_at(cfg, k, run.steps_per_epoch), Batches(run),
+                  Speeds.of(cfg) if sleeps else None, cfg.inner_state == "reset")
+
+
+def one_row_run(cfg, w: int) -> Run:
+    """Worker w's own run: its model, local optimizer and batches, on an engine holding its row."""
+    return build_run(cfg, SimEngine(cfg.workers, rows=range(w, w + 1)))
+
+
+def run_processes(cfg, out: Path, overwrite: bool, progress: bool, resume: bool, lock: RunLock | None) -> dict:
+    """This process's part (module docstring): the summary on the server, {} on a worker."""
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    if world != cfg.workers + 1:
+        raise ConfigError(f"async-local-sgd on engine dist runs workers + 1 processes (the workers and a server): "
+                          f"workers={cfg.workers} needs {cfg.workers + 1}, got {world}")
+    if cfg.server_rank >= world:
+        raise ConfigError(f"server_rank {cfg.server_rank} is out of range: the run has {world} processes "
+                          f"(ranks 0-{world - 1})")
+    if resume:
+        raise ConfigError("--resume: async-local-sgd on processes does not continue a run (its workers' state lives "
+                          "in their processes); train it again")
+    timeout = timedelta(seconds=cfg.dist_timeout)
+    dist.init_process_group("gloo", timeout=timeout, **attempt_store(timeout))
+    try:
+        ranks = [r for r in range(world) if r != cfg.server_rank]  # worker w is rank ranks[w]
+        if rank == cfg.server_rank:
+            return _serve(cfg, out, overwrite, progress, lock, ranks)
+        _work(cfg, ranks.index(rank))
+        return {}
+    finally:
+        dist.destroy_process_group()
+
+
+def _gather_errors(error: str | None) -> list:
+    errors: list = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    return errors
+
+
+def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None, ranks: list[int]) -> dict:
+    def build():
+        run = build_run(cfg, SimEngine(cfg.workers))
+        return run, RunDir(out, overwrite, cfg.logger, lock=lock, extra=(LOG,))
+    run, run_dir = agree(build, _gather_errors)
+    X = run.workers.X
+    with open(run_dir.dir / LOG, "w") as log:
+        log.write(json.dumps({"log": LOG_FORMAT, "config": cfg.to_dict(), "processes": len(ranks) + 1,
+                              "server_rank": cfg.server_rank, "threads": torch.get_num_threads()}) + "\n")
+        network = Network(ranks, cfg.grace_window, X.shape[1], X.dtype, X.device, cfg.dist_timeout, log)
+        run.schedule.events = network
+        try:
+            summary = _train_into(cfg, run, run_dir, out, progress, None)
+        except BaseException:
+            with contextlib.suppress(Exception):  # the workers stop too; the run's own error is the one told
+                network.finish()
+            raise
+        network.finish()
+        return summary
+
+
+def _work(cfg, w: int) -> None:
+    """Worker w's loop: a round, its push, its pull, until the server says stop."""
+    me = worker(agree(lambda: one_row_run(cfg, w), _gather_errors), w, sleeps=True)
+    X = me.run.workers.X
+    push = torch.empty(X.shape[1] + 2, dtype=X.dtype)
+    pull = torch.empty(X.shape[1] + 1, dtype=X.dtype)
+    server = cfg.server_rank
+    while True:
+        event = me.round()
+        push[0], push[1] = event.loss, event.grad_norm_sq
+        push[2:] = event.gradient[0]
+        try:
+            dist.send(push, server)
+            dist.recv(pull, server)
+        except RuntimeError as e:
+            raise PeerLost(f"worker {w} (rank {dist.get_rank()}): lost the server (rank {server}): {first_line(e)}; "
+                           f"stopping", [server]) from None
+        if pull[-1] == STOP:
+            return
+        me.pull(pull[:-1].to(X.device).view(1, -1))
+
+
+class Network:
+    """The server's events from real processes (module docstring); ``log`` gets every event. A
+    thread per computing worker waits for its push (gloo's receives complete only in ``wait``) and
+    queues it: the queue's order is the order of arrival."""
+
+    def __init__(self, ranks: list[int], grace: float, d: int, dtype: torch.dtype, device: torch.device,
+                 timeout: float, log):
+        self.ranks, self.grace, self.device, self.timeout, self.log = ranks, grace, device, timeout, log
+        self.inbox = [torch.empty(d + 2, dtype=dtype) for _ in ranks]
+        self.outbox = torch.empty(d + 1, dtype=dtype)
+        self.arrivals: queue.Queue = queue.Queue()
+        self.listening: set[int] = set()  # the workers whose next push is awaited
+        self.window: float | None = None  # when the open grace window closes (time.monotonic)
+        self.waiting: list[int] = []  # the workers whose pushes it holds, in arrival order
+        self.due: deque[int] = deque()  # the workers to pull now
+        self.started = time.perf_counter()
+        self.wire = {"wire_bytes_received": 0, "wire_bytes_sent": 0, "late_pushes": 0}
+        for w in range(len(ranks)):
+            self._listen(w)
+
+    def _listen(self, w: int) -> None:
+        def receive():
+            try:
+                dist.recv(self.inbox[w], src=self.ranks[w])
+                self.arrivals.put((w, None))
+            except RuntimeError as e:
+                self.arrivals.put((w, e))
+        self.listening.add(w)
+        threading.Thread(target=receive, name=f"push of worker {w}", daemon=True).start()
+
+    def next(self) -> Event:
+        deadline = time.monotonic() + self.timeout
+        while True:
+            if self.due:
+                return Event(PULL, self.due.popleft())
+            if self.window is not None and time.monotonic() >= self.window:
+                self.due.extend(self.waiting)
+                self.window, self.waiting = None, []
+                continue
+            until = deadline if self.window is None else min(self.window, deadline)
+            try:
+                w = self._take(until - time.monotonic())
+            except queue.Empty:
+                if self.window is not None and time.monotonic() >= self.window:
+                    continue
+                raise PeerLost(f"server (rank {dist.get_rank()}): no push arrived from any worker within "
+                               f"dist_timeout={self.timeout:g} s; stopping", []) from None
+            if self.window is None:
+                self.window = time.monotonic() + self.grace
+            self.waiting.append(w)
+            message = self.inbox[w]
+            return Event(PUSH, w, message[2:].to(self.device, copy=True).view(1, -1), float(message[0]),
+                         float(message[1]))
+
+    def _take(self, seconds: float) -> int:
+        """The next worker whose push arrived, waiting at most ``seconds`` (queue.Empty after)."""
+        w, error = self.arrivals.get(timeout=max(seconds, 1e-6))
+        self.listening.discard(w)
+        if error is not None:
+            raise PeerLost(f"server (rank {dist.get_rank()}): lost worker {w} (rank {self.ranks[w]}): "
+                           f"{first_line(error)}; stopping", [self.ranks[w]])
+        self.wire["wire_bytes_received"] += self.inbox[w].numel() * self.inbox[w].element_size()
+        return w
+
+    def pull(self, w: int, theta: torch.Tensor, version: int) -> None:
+        self.outbox[:-1] = theta[0]
+        self.outbox[-1] = version
+        self._send(w)
+        self._listen(w)
+
+    def _send(self, w: int) -> None:
+        try:
+            dist.send(self.outbox, self.ranks[w])
+        except RuntimeError as e:
+            raise PeerLost(f"server (rank {dist.get_rank()}): lost worker {w} (rank {self.ranks[w]}): "
+                           f"{first_line(e)}; stopping", [self.ranks[w]]) from None
+        self.wire["wire_bytes_sent"] += self.outbox.numel() * self.outbox.element_size()
+
+    def record(self, entry: dict) -> None:
+        self.log.write(json.dumps({**entry, "wall": round(time.perf_counter() - self.started, 6)}) + "\n")
+
+    def counters(self) -> dict:
+        return dict(self.wire)
+
+    def finish(self) -> None:
+        """Stop every worker: a waiting one at once, a computing one after its next (late) push."""
+        self.outbox[-1] = STOP
+        for w in [*self.waiting, *self.due]:
+            self._send(w)
+        while self.listening:
+            try:
+                w = self._take(self.timeout)
+            except queue.Empty:
+                raise PeerLost(f"server (rank {dist.get_rank()}): workers {sorted(self.listening)} did not push "
+                               f"within dist_timeout={self.timeout:g} s after the last step; stopping",
+                               [self.ranks[w] for w in sorted(self.listening)]) from None
+            self.wire["late_pushes"] += 1
+            self._send(w)
+        self.log.write(json.dumps({"end": True, **self.wire}) + "\n")
+
+
+def event_log(path: Path) -> Path:
+    """The event log of run directory ``path``, refused in one line where there is none."""
+    file = Path(path) / LOG
+    if not file.is_file():
+        raise ConfigError(f"--replay '{short(str(path))}': no {LOG} there; replay reads the event log that an "
+                          f"async-local-sgd run on engine dist writes")
+    return file
+
+
+def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
+    """The header and the events of the log in run directory ``path``, refused unless it is a whole
+    log of a run of ``cfg`` (the same config in everything that changes training) that reaches its
+    last step."""
+    file, where = event_log(path), short(str(path))
+    try:
+        lines = [json.loads(line) for line in file.read_text().splitlines() if line]
+    except ValueError:
+        raise ConfigError(f"--replay '{where}': {LOG} is damaged (a line is not JSON)") from None
+    if not lines or not isinstance(lines[0], dict) or lines[0].get("log") != LOG_FORMAT:
+        raise ConfigError(f"--replay '{where}': {LOG} does not start with a gossamer event log header")
+    changed = config_differences(lines[0]["config"], cfg.to_dict())
+    if changed:
+        raise ConfigError(f"--replay '{where}': its event log is of another run: the config differs in {changed}")
+    events = [e for e in lines[1:] if PUSH in e or PULL in e]
+    steps, need = local_steps_of(cfg), cfg.workers * cfg.epochs * steps_per_epoch
+    pushed = 0
+    for number, e in enumerate(events, start=1):
+        pushed += steps[e[PUSH]] if PUSH in e else 0
+        if pushed >= need:
+            return lines[0], events[:number]
+    raise ConfigError(f"--replay '{where}': the event log ends after event {len(events)}, at inner step {pushed} of "
+                      f"the {need} the run takes (step {pushed // cfg.workers} of {need // cfg.workers}): the run "
+                      f"stopped early")
+
+
+def replay(cfg, source: Path, out: Path, overwrite: bool, progress: bool) -> dict:
+    """Train ``cfg`` in this process on the events logged in run directory ``source`` into ``out``."""
+    if not served(cfg):
+        raise ConfigError(f"--replay replays an event log of async-local-sgd on engine dist; this config is "
+                          f"algorithm {cfg.algorithm} on engine {cfg.engine}")
+    run = build_run(cfg, SimEngine(cfg.workers))
+    header, events = read_log(source, cfg, run.steps_per_epoch)
+    workers = [worker(one_row_run(cfg, w), w, sleeps=False) for w in range(cfg.workers)]
+    run.schedule.events = Replay(events, workers, short(str(source)))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(header["threads"])  # a sum's order follows the threads that share it
+    try:
+        return _train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)
+    finally:
+        torch.set_num_threads(threads)

@@ -1,0 +1,121 @@
+"""Asynchronous local SGD on real processes (:mod:`gossamer.async_processes`): a run of 3 processes
+(a server and 2 workers, one of them 3 times slower) replayed by the simulator bit for bit in
+float64; the replay of the order the simulator's clocks give is the simulator; an event log of
+another run, or one that ends early, is refused in one line."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from launch import finish, sets, spawn
+from test_bad_input import one_line_error
+
+from gossamer.async_processes import LOG, LOG_FORMAT, replay
+from gossamer.cli import main
+from gossamer.config import load_config
+from gossamer.rundir import load_checkpoint, read_rows, read_summary
+from gossamer.train import build_run, train
+
+ROOT = Path(__file__).resolve().parents[1]
+# float64, 2 workers of H = 2 (one 3x slower), a grace window, the server on rank 1
+PROCESSES = ["algorithm=async-local-sgd", "engine=dist", "workers=2", "local_steps=2", "epochs=1", "batch_size=16",
+             "num_samples=600", "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop",
+             "slow_workers=0.5@3", "grace_window=0.003", "server_rank=1", "dist_timeout=30"]
+
+
+@pytest.fixture(scope="module")
+def processes_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("async") / "run"
+    results = finish(spawn(3, ["-m", "gossamer", "train", "--quiet", "--out", str(out), *sets(PROCESSES)], cwd=ROOT),
+                     120)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    assert [o.count("run written to") for _, o, _ in results] == [0, 1, 0]  # the server's rank says it
+    return out
+
+
+def events_of(run: Path) -> tuple[dict, list[dict]]:
+    lines = [json.loads(line) for line in (run / LOG).read_text().splitlines()]
+    return lines[0], lines[1:]
+
+
+def test_a_run_of_processes_is_replayed_bit_for_bit(processes_run, tmp_path):
+    header, events = events_of(processes_run)
+    assert header["processes"] == 3 and header["server_rank"] == 1 and events[-1]["end"]
+    version, read = 0, {0: 0, 1: 0}
+    for e in events[:-1]:  # every push writes the next version; a pull reads the latest
+        if "push" in e:
+            assert (e["read"], e["wrote"]) == (read[e["push"]], version + 1)
+            version = e["wrote"]
+        else:
+            assert e["version"] == version
+            read[e["pull"]] = version
+    pushes = [e["push"] for e in events if "push" in e]
+    assert abs(pushes.count(0) - pushes.count(1)) >= 4  # the slow worker pushes less: the order is real
+    assert main(["train", "--quiet", "--replay", str(processes_run), "--out", str(tmp_path / "replay")]) == 0
+    processes, replayed = read_rows(processes_run), read_rows(tmp_path / "replay")
+    assert len(processes) == 15 and processes == replayed  # every metric, every step, to the last bit
+    assert processes[-1]["staleness_max"] == max(e["wrote"] - 1 - e["read"] for e in events if "push" in e)
+    summary = read_summary(processes_run)
+    assert summary["wire_bytes_received"] == summary["pushes"] * (summary["bytes_per_worker"] * 2 /
+                                                                  (summary["pushes"] + summary["pulls"]) + 16)
+
+
+def write_log(run: Path, cfg, rounds: int) -> None:
+    """The event log the simulator's clocks give with equal speeds and no network: each round, all
+    n pushes in worker order, then their pulls (one window)."""
+    run.mkdir()
+    lines = [{"log": LOG_FORMAT, "config": cfg.to_dict(), "processes": cfg.workers + 1, "server_rank": 0,
+              "threads": torch.get_num_threads()}]
+    version = 0
+    for _ in range(rounds):
+        read = version
+        for w in range(cfg.workers):
+            lines.append({"push": w, "read": read, "wrote": version + 1})
+            version += 1
+        lines += [{"pull": w, "version": version} for w in range(cfg.workers)]
+    (run / LOG).write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+@pytest.mark.parametrize("weight", ["unit", "polynomial"])
+def test_the_replay_of_the_simulators_order_is_the_simulator(tmp_path, weight):
+    """Equal speeds: the simulator applies each round's n pushes in worker order, then all pull. Its
+    log replayed (each push computed on a one-row run of its own) gives the same θ, bit for bit."""
+    common = ["algorithm=async-local-sgd", "workers=3", "local_steps=2", "epochs=1", "batch_size=16",
+              "num_samples=400", "lr=0.05", "momentum=0.9", "dtype=float64", "grad_backend=loop",
+              f"async_weight={weight}"]
+    cfg = load_config(None, common)
+    run = build_run(cfg)
+    simulated = train(cfg, run)
+    on_processes = load_config(None, [*common, "engine=dist"])
+    write_log(tmp_path / "log", on_processes, rounds=run.steps_per_epoch // 2)
+    replayed = replay(on_processes, tmp_path / "log", tmp_path / "replay", False, False)
+    assert torch.equal(load_checkpoint(tmp_path / "replay")["schedule"]["theta"], run.schedule.theta)
+    assert replayed["test_accuracy"] == simulated["test_accuracy"] and replayed["pushes"] == simulated["pushes"]
+
+
+def test_event_logs_that_are_not_this_runs_are_refused(tmp_path, capsys, monkeypatch):
+    common = ["algorithm=async-local-sgd", "engine=dist", "workers=2", "epochs=1", "num_samples=200", "batch_size=8"]
+    cfg = load_config(None, common)
+    write_log(tmp_path / "log", cfg, rounds=6)
+    (tmp_path / "log" / "config.yaml").write_text("")
+    out = str(tmp_path / "never")
+    replay_of = ["train", "--quiet", "--out", out, "--replay", str(tmp_path / "log")]
+    one_line_error(capsys, [*replay_of, *sets([*common, "seed=1"])], "its event log is of another run",
+                   "seed (0 → 1)")
+    one_line_error(capsys, [*replay_of, *sets([*common, "model=mlp"])], "the config differs in model")
+    one_line_error(capsys, [*replay_of, *sets([*common, "epochs=2"])], "the event log ends after event 24, at inner "
+                   "step 12 of the 40", "stopped early")
+    one_line_error(capsys, [*replay_of, *sets([*common, "engine=sim"])], "--replay replays an event log of "
+                   "async-local-sgd on engine dist")
+    one_line_error(capsys, [*replay_of, "--resume", out], "--resume does not apply to it")
+    one_line_error(capsys, ["train", "--quiet", "--out", out, "--replay", str(tmp_path)], f"no {LOG} there")
+    assert not Path(out).exists()
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    one_line_error(capsys, ["train", "--quiet", "--out", out, *sets([*common, "server_rank=3"])],
+                   "server_rank 3 is out of range: the run has 3 processes (ranks 0-2)")
+    monkeypatch.delenv("WORLD_SIZE")
+    one_line_error(capsys, ["train", "--quiet", "--out", out, *sets(common)],
+                   "workers=2 needs 3, got 1")
+    assert not Path(out).exists()
