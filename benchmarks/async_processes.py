@@ -1,0 +1,60 @@
+"""Asynchronous local SGD against synchronous DiLoCo on real processes, one worker 3 times slower:
+the wall time of the same inner steps (every worker's rounds of H steps; DiLoCo waits for the slow
+one at every outer all-reduce, async-local-sgd does not), side by side in one script.
+
+    python benchmarks/async_processes.py [--workers 4] [--local-steps 8] [--epochs 1]
+
+DiLoCo runs on `workers` processes; its slow worker sleeps through the time model (a network
+section: the ``ethernet-1g`` preset, compute measured), async-local-sgd on `workers` + 1 (the
+server). Both print ``wall_seconds`` (the training loop's, after building) from summary.json;
+async-local-sgd also its pushes and the staleness. Metrics are taken at each epoch's end only
+(``metrics_every=25``), so neither pays a measurement every step. Loopback gloo, no rate limit:
+the network costs almost nothing here, the straggler everything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from gossamer.rundir import read_summary
+
+COMMON = ["num_samples=4000", "batch_size=32", "lr=0.05", "momentum=0.9", "slow_workers=0.25@3",
+          "engine=dist", "dtype=float32", "metrics_every=25"]
+
+
+def launch(procs: int, overrides: list[str], out: Path) -> dict:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
+           "-m", "gossamer", "train", "--quiet", "--out", str(out), *[x for o in overrides for x in ("--set", o)]]
+    done = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode:
+        raise SystemExit(f"{' '.join(overrides)} failed:\n{done.stderr[-3000:]}")
+    return read_summary(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--local-steps", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=1)
+    a = ap.parse_args(argv)
+    shared = [*COMMON, f"workers={a.workers}", f"local_steps={a.local_steps}", f"epochs={a.epochs}"]
+    out = Path(tempfile.mkdtemp(prefix="async-processes-"))
+    sync = launch(a.workers, [*shared, "algorithm=diloco", "network=ethernet-1g"], out / "diloco")
+    asynchronous = launch(a.workers + 1, [*shared, "algorithm=async-local-sgd"], out / "async")
+    print(f"{a.workers} workers, H={a.local_steps}, one 3x slower, {sync['steps']} loop steps of {a.workers} inner "
+          f"steps each:")
+    print(f"  diloco (synchronous)  {sync['wall_seconds']:7.2f} s   test accuracy {sync['test_accuracy']:.3f}")
+    print(f"  async-local-sgd       {asynchronous['wall_seconds']:7.2f} s   test accuracy "
+          f"{asynchronous['test_accuracy']:.3f}   ({asynchronous['pushes']} pushes, staleness mean "
+          f"{asynchronous['staleness_mean']:.2f}, max {asynchronous['staleness_max']})")
+    print(f"  ratio async / sync    {asynchronous['wall_seconds'] / sync['wall_seconds']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
