@@ -1,9 +1,11 @@
-"""Asynchronous local SGD on real processes (:mod:`gossamer.async_processes`): a run of 3 processes
-(a server and 2 workers, one of them 3 times slower) replayed by the simulator bit for bit in
-float64; the replay of the order the simulator's clocks give is the simulator; an event log of
+"""Asynchronous local SGD on real processes (:mod:`gossamer.async_processes`): a run of 4 processes
+(a server and 3 workers, one of them 3 times slower, one killed on the way) replayed by the
+simulator bit for bit in float64; the replay of the order the simulator's clocks give is the simulator; an event log of
 another run, or one that ends early, is refused in one line."""
 
 import json
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -19,20 +21,38 @@ from gossamer.rundir import load_checkpoint, read_rows, read_summary
 from gossamer.train import build_run, train
 
 ROOT = Path(__file__).resolve().parents[1]
-# float64, 2 workers of H = 2 (one 3x slower), a grace window, the server on rank 1
-PROCESSES = ["algorithm=async-local-sgd", "engine=dist", "workers=2", "local_steps=2", "epochs=1", "batch_size=16",
-             "num_samples=600", "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop",
-             "slow_workers=0.5@3", "grace_window=0.003", "server_rank=1", "dist_timeout=30"]
+# float64, 3 workers of H = 2 (one 3x slower), a grace window, the server on rank 1
+PROCESSES = ["algorithm=async-local-sgd", "engine=dist", "workers=3", "local_steps=2", "epochs=3", "batch_size=16",
+             "num_samples=2000", "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop",
+             "slow_workers=0.3@3", "grace_window=0.003", "server_rank=1", "dist_timeout=30"]
+SERVER_RANK = 1
+
+
+def roles() -> tuple[int, int, int]:
+    """(the slow worker, the fast one that lives, the fast one the test kills)."""
+    slow = int(Speeds.of(load_config(None, PROCESSES)).slow.argmax())
+    fast = [w for w in range(3) if w != slow]
+    return slow, fast[0], fast[1]
 
 
 @pytest.fixture(scope="module")
 def processes_run(tmp_path_factory) -> Path:
+    """The run, one fast worker SIGKILLed after its second push."""
     out = tmp_path_factory.mktemp("async") / "run"
-    results = finish(spawn(3, ["-m", "gossamer", "train", "--quiet", "--out", str(out), *sets(PROCESSES)], cwd=ROOT),
-                     120)
-    for code, _, err in results:
-        assert code == 0, err[-3000:]
-    assert [o.count("run written to") for _, o, _ in results] == [0, 1, 0]  # the server's rank says it
+    procs = spawn(4, ["-m", "gossamer", "train", "--quiet", "--out", str(out), *sets(PROCESSES)], cwd=ROOT)
+    victim = roles()[2]
+    rank = [r for r in range(4) if r != SERVER_RANK][victim]
+    log, began = out / LOG, time.monotonic()
+    while time.monotonic() - began < 90 and procs[rank].poll() is None:
+        if log.is_file() and sum(f'"push": {victim},' in line for line in log.read_text().splitlines()) >= 2:
+            procs[rank].send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    results = finish(procs, 120)
+    assert results[rank][0] == -signal.SIGKILL, "the run ended before the worker could be killed"
+    for r, (code, _, err) in enumerate(results):
+        assert r == rank or code == 0, err[-3000:]
+    assert [o.count("run written to") for _, o, _ in results] == [0, 1, 0, 0]  # the server's rank says it
     return out
 
 
@@ -42,26 +62,32 @@ def events_of(run: Path) -> tuple[dict, list[dict]]:
 
 
 def test_a_run_of_processes_is_replayed_bit_for_bit(processes_run, tmp_path):
+    """Pushes in their real order, a slow worker, a grace window, a worker killed: the replay's rows
+    are the processes' to the last bit."""
     header, events = events_of(processes_run)
-    assert header["processes"] == 3 and header["server_rank"] == 1 and events[-1]["end"]
-    version, read = 0, {0: 0, 1: 0}
+    assert header["processes"] == 4 and header["server_rank"] == SERVER_RANK and events[-1]["end"]
+    slow, fast, victim = roles()
+    version, read = 0, dict.fromkeys(range(3), 0)
     for e in events[:-1]:  # every push writes the next version; a pull reads the latest
         if "push" in e:
             assert (e["read"], e["wrote"]) == (read[e["push"]], version + 1)
             version = e["wrote"]
-        else:
+        elif "pull" in e:
             assert e["version"] == version
             read[e["pull"]] = version
     pushes = [e["push"] for e in events if "push" in e]
-    slow = int(Speeds.of(load_config(None, PROCESSES)).slow.argmax())
-    assert pushes.count(slow) < pushes.count(1 - slow)  # the slow worker pushes less: the order is real
+    assert pushes.count(slow) < pushes.count(fast)  # the slow worker pushes less: the order is real
+    gone = [i for i, e in enumerate(events) if "gone" in e]
+    assert [events[i]["gone"] for i in gone] == [victim]  # dropped once, and never heard of again
+    assert all(e.get("push") != victim and e.get("pull") != victim for e in events[gone[0]:])
     assert main(["train", "--quiet", "--replay", str(processes_run), "--out", str(tmp_path / "replay")]) == 0
     processes, replayed = read_rows(processes_run), read_rows(tmp_path / "replay")
-    assert len(processes) == 15 and processes == replayed  # every metric, every step, to the last bit
+    assert len(processes) == 99 and processes == replayed  # every metric, every step, to the last bit
     assert processes[-1]["staleness_max"] == max(e["wrote"] - 1 - e["read"] for e in events if "push" in e)
     summary = read_summary(processes_run)
-    assert summary["wire_bytes_received"] == summary["pushes"] * (summary["bytes_per_worker"] * 2 /
-                                                                  (summary["pushes"] + summary["pulls"]) + 16)
+    assert summary["workers_gone"] == 1 and summary["pushes"] == len(pushes)
+    model_bytes = summary["bytes_per_worker"] * 3 / (summary["pushes"] + summary["pulls"])  # the ledger's, a message
+    assert summary["wire_bytes_received"] == pytest.approx(summary["pushes"] * (model_bytes + 16), rel=1e-12)
 
 
 def write_log(run: Path, cfg, rounds: int) -> None:

@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from .algorithms import ALGORITHMS
 from .algorithms.async_local import local_steps_of
-from .algorithms.async_server import PULL, PUSH, Event, Replay, Worker
+from .algorithms.async_server import GONE, PULL, PUSH, Event, Replay, Worker
 from .checkpoint import config_differences
 from .engines import SimEngine
 from .engines.dist import agree, attempt_store, first_line
@@ -104,7 +104,7 @@ def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None
         return run, RunDir(out, overwrite, cfg.logger, lock=lock, extra=(LOG,))
     run, run_dir = agree(build, _gather_errors)
     X = run.workers.X
-    with open(run_dir.dir / LOG, "w") as log:
+    with open(run_dir.dir / LOG, "w", buffering=1) as log:  # a line reaches the file as it happens
         log.write(json.dumps({"log": LOG_FORMAT, "config": cfg.to_dict(), "processes": len(ranks) + 1,
                               "server_rank": cfg.server_rank, "threads": torch.get_num_threads()}) + "\n")
         network = Network(ranks, cfg.grace_window, X.shape[1], X.dtype, X.device, cfg.dist_timeout, log)
@@ -156,6 +156,8 @@ class Network:
         self.window: float | None = None  # when the open grace window closes (time.monotonic)
         self.waiting: list[int] = []  # the workers whose pushes it holds, in arrival order
         self.due: deque[int] = deque()  # the workers to pull now
+        self.lost: deque[int] = deque()  # the workers whose process died, not yet told
+        self.gone: set[int] = set()
         self.started = time.perf_counter()
         self.wire = {"wire_bytes_received": 0, "wire_bytes_sent": 0, "late_pushes": 0}
         for w in range(len(ranks)):
@@ -174,6 +176,8 @@ class Network:
     def next(self) -> Event:
         deadline = time.monotonic() + self.timeout
         while True:
+            if self.lost:
+                return Event(GONE, self.lost.popleft())
             if self.due:
                 return Event(PULL, self.due.popleft())
             if self.window is not None and time.monotonic() >= self.window:
@@ -182,12 +186,15 @@ class Network:
                 continue
             until = deadline if self.window is None else min(self.window, deadline)
             try:
-                w = self._take(until - time.monotonic())
+                w, error = self._take(until - time.monotonic())
             except queue.Empty:
                 if self.window is not None and time.monotonic() >= self.window:
                     continue
                 raise PeerLost(f"server (rank {dist.get_rank()}): no push arrived from any worker within "
                                f"dist_timeout={self.timeout:g} s; stopping", []) from None
+            if error is not None:
+                self._lose(w, error)
+                continue
             if self.window is None:
                 self.window = time.monotonic() + self.grace
             self.waiting.append(w)
@@ -195,29 +202,38 @@ class Network:
             return Event(PUSH, w, message[2:].to(self.device, copy=True).view(1, -1), float(message[0]),
                          float(message[1]))
 
-    def _take(self, seconds: float) -> int:
-        """The next worker whose push arrived, waiting at most ``seconds`` (queue.Empty after)."""
+    def _take(self, seconds: float) -> tuple[int, RuntimeError | None]:
+        """The next worker whose push arrived or whose receive failed (its error), waiting at most
+        ``seconds`` (queue.Empty after)."""
         w, error = self.arrivals.get(timeout=max(seconds, 1e-6))
         self.listening.discard(w)
-        if error is not None:
-            raise PeerLost(f"server (rank {dist.get_rank()}): lost worker {w} (rank {self.ranks[w]}): "
-                           f"{first_line(error)}; stopping", [self.ranks[w]])
-        self.wire["wire_bytes_received"] += self.inbox[w].numel() * self.inbox[w].element_size()
-        return w
+        if error is None:
+            self.wire["wire_bytes_received"] += self.inbox[w].numel() * self.inbox[w].element_size()
+        return w, error
+
+    def _lose(self, w: int, error: RuntimeError) -> None:
+        """Worker w's process died: it is dropped (told as a GONE event); none left stops the run."""
+        self.gone.add(w)
+        self.lost.append(w)
+        if len(self.gone) == len(self.ranks):
+            raise PeerLost(f"server (rank {dist.get_rank()}): every worker is gone, the last worker {w} (rank "
+                           f"{self.ranks[w]}): {first_line(error)}; stopping", [self.ranks[w]])
 
     def pull(self, w: int, theta: torch.Tensor, version: int) -> None:
         self.outbox[:-1] = theta[0]
         self.outbox[-1] = version
-        self._send(w)
-        self._listen(w)
+        if self._send(w):
+            self._listen(w)
 
-    def _send(self, w: int) -> None:
+    def _send(self, w: int) -> bool:
+        """The outbox to worker w; False (and w dropped) where its process died."""
         try:
             dist.send(self.outbox, self.ranks[w])
         except RuntimeError as e:
-            raise PeerLost(f"server (rank {dist.get_rank()}): lost worker {w} (rank {self.ranks[w]}): "
-                           f"{first_line(e)}; stopping", [self.ranks[w]]) from None
+            self._lose(w, e)
+            return False
         self.wire["wire_bytes_sent"] += self.outbox.numel() * self.outbox.element_size()
+        return True
 
     def record(self, entry: dict) -> None:
         self.log.write(json.dumps({**entry, "wall": round(time.perf_counter() - self.started, 6)}) + "\n")
@@ -232,13 +248,14 @@ class Network:
             self._send(w)
         while self.listening:
             try:
-                w = self._take(self.timeout)
+                w, error = self._take(self.timeout)
             except queue.Empty:
                 raise PeerLost(f"server (rank {dist.get_rank()}): workers {sorted(self.listening)} did not push "
                                f"within dist_timeout={self.timeout:g} s after the last step; stopping",
                                [self.ranks[w] for w in sorted(self.listening)]) from None
-            self.wire["late_pushes"] += 1
-            self._send(w)
+            if error is None:
+                self.wire["late_pushes"] += 1
+                self._send(w)
         self.log.write(json.dumps({"end": True, **self.wire}) + "\n")
 
 
@@ -265,7 +282,7 @@ def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
     changed = config_differences(lines[0]["config"], cfg.to_dict())
     if changed:
         raise ConfigError(f"--replay '{where}': its event log is of another run: the config differs in {changed}")
-    events = [e for e in lines[1:] if PUSH in e or PULL in e]
+    events = [e for e in lines[1:] if PUSH in e or PULL in e or GONE in e]
     steps, need = local_steps_of(cfg), cfg.workers * cfg.epochs * steps_per_epoch
     pushed = 0
     for number, e in enumerate(events, start=1):

@@ -30,6 +30,11 @@ computes each push with the same :class:`Worker` code, one worker's row at a tim
 did: the rows equal the processes' bit for bit (float64 and float32 alike, on the same machine
 and thread count), and an event that does not follow from the log (a version that differs) stops
 the replay naming it.
+
+**A worker that dies** (its process killed: the server's receive or send to it fails) is dropped:
+``{"gone": w}`` is recorded where the server learnt it, its round in flight is lost, and the
+others go on, and the rows measure the living from then on (the engine's ``alive``); the replay
+drops it at the same event. Only when every worker is gone does the run stop.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ import time
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+import numpy as np
 import torch
 
 from ..engines.ledger import row_bytes
@@ -46,11 +52,12 @@ from ..outer import OuterStep
 from ..registry import ConfigError
 from .schedule import Schedule, Step, StepIO, Stepped
 
-PUSH, PULL = "push", "pull"
+PUSH, PULL, GONE = "push", "pull", "gone"
 
 
 class Event(NamedTuple):
-    """A push's arrival (worker w's g_w [1, d], its last step's loss and ‖∇f‖²) or a pull of w."""
+    """A push's arrival (worker w's g_w [1, d], its last step's loss and ‖∇f‖²), a pull of w, or
+    w gone (its process died: it is dropped)."""
 
     kind: str
     worker: int
@@ -111,6 +118,7 @@ class AsyncServer(ParameterServer):
     apply: object  # apply_push(outer, θ, g, staleness, t): the simulator's rule
     events: Events | None = None
     pushed_steps: int = 0  # inner steps pushed and applied
+    gone: int = 0  # workers dropped
     losses: torch.Tensor | None = None  # [n]
     grad_norms_sq: torch.Tensor | None = None  # [n]
     reported: list[bool] = field(default_factory=list)
@@ -129,8 +137,10 @@ class AsyncServer(ParameterServer):
             event = self.events.next()
             if event.kind == PUSH:
                 self._arrive(io, event)
-            else:
+            elif event.kind == PULL:
                 self._pull(io, event.worker)
+            else:
+                self._drop(io, event.worker)
         phi_sq = float(self.grad_norms_sq.mean())
         ema = phi_sq if io.grad_norm_sq_ema is None else \
             self.grad_norm_ema * io.grad_norm_sq_ema + (1 - self.grad_norm_ema) * phi_sq
@@ -149,6 +159,14 @@ class AsyncServer(ParameterServer):
         io.engine.server_message("push", row_bytes(io.X), w)
         self.events.record({PUSH: w, "read": self.versions[w], "wrote": self.version})
 
+    def _drop(self, io: StepIO, w: int) -> None:
+        """w is gone: the metrics are over the living from now on."""
+        alive = np.ones(len(self.steps), dtype=bool) if io.engine.alive is None else io.engine.alive.copy()
+        alive[w] = False
+        io.engine.set_alive(alive)
+        self.gone += 1
+        self.events.record({GONE: w})
+
     def _pull(self, io: StepIO, w: int) -> None:
         self.anchor[w] = self.theta[0]
         self.versions[w] = self.version
@@ -158,11 +176,11 @@ class AsyncServer(ParameterServer):
         self.events.pull(w, self.theta, self.version)
 
     def counters(self) -> dict:
-        return {**super().counters(), **self.events.counters()}
+        return {**super().counters(), "workers_gone": self.gone, **self.events.counters()}
 
     def state_dict(self) -> dict:
         return {"version": self.version, "versions": list(self.versions), "pushed_steps": self.pushed_steps,
-                "pushes": self.pushes, "pulls": self.pulls, "staleness_sum": self.staleness_sum,
+                "pushes": self.pushes, "pulls": self.pulls, "gone": self.gone, "staleness_sum": self.staleness_sum,
                 "staleness_max": self.staleness_max, "reported": list(self.reported),
                 "grad_norms_sq": self.grad_norms_sq.tolist(), "outer": self.outer.state_dict(),
                 "rows": {"anchor": self.anchor, "losses": self.losses}, "theta": self.theta}
@@ -226,7 +244,7 @@ class Replay:
         self.taken += 1
         if PUSH in entry:
             return self.workers[entry[PUSH]].round()
-        return Event(PULL, entry[PULL])
+        return Event(PULL, entry[PULL]) if PULL in entry else Event(GONE, entry[GONE])
 
     def pull(self, worker: int, theta: torch.Tensor, version: int) -> None:
         self.workers[worker].pull(theta)
