@@ -118,7 +118,7 @@ def test_the_same_seed_gives_the_same_rows():
 
 
 @pytest.mark.parametrize("overrides, fragment", [
-    (["engine=dist"], "algorithm ad-psgd runs only on engine sim"),
+    (["server_rank=1"], "server_rank applies only to engine dist"),
     (["network=nvlink"], "algorithm ad-psgd orders its events by the simulated clock: give compute_ms"),
     ([f"topology=edges:{DIRECTED}"], "algorithm ad-psgd needs an undirected one"),
     (["average_optimizer_state=true"], "algorithm ad-psgd averages only the parameters of a pair"),

@@ -136,7 +136,7 @@ def test_event_logs_that_are_not_this_runs_are_refused(tmp_path, capsys, monkeyp
     one_line_error(capsys, [*replay_of, *sets([*common, "epochs=2"])], "the event log ends after event 24, at inner "
                    "step 12 of the 40", "stopped early")
     one_line_error(capsys, [*replay_of, *sets([*common, "engine=sim"])], "--replay replays an event log of "
-                   "async-local-sgd on engine dist")
+                   "async-local-sgd or ad-psgd on engine dist")
     one_line_error(capsys, [*replay_of, "--resume", out], "--resume does not apply to it")
     one_line_error(capsys, ["train", "--quiet", "--out", out, "--replay", str(tmp_path)], f"no {LOG} there")
     assert not Path(out).exists()
@@ -147,3 +147,37 @@ def test_event_logs_that_are_not_this_runs_are_refused(tmp_path, capsys, monkeyp
     one_line_error(capsys, ["train", "--quiet", "--out", out, *sets(common)],
                    "workers=2 needs 3, got 1")
     assert not Path(out).exists()
+
+
+# AD-PSGD: 3 workers (odd n, so each round's random matching leaves one out) and the coordinator
+# on the last rank, one worker 3x slower
+PAIRS = ["algorithm=ad-psgd", "engine=dist", "workers=3", "topology=random-matching", "epochs=1", "batch_size=16",
+         "num_samples=800", "lr=0.05", "momentum=0.9", "dtype=float64", "grad_backend=loop", "slow_workers=0.34@3",
+         "server_rank=3", "dist_timeout=30"]
+
+
+def test_ad_psgd_on_processes_is_replayed_bit_for_bit(tmp_path, capsys):
+    """The pairs the coordinator granted, in its order: the replay's final models are the processes'
+    to the bit, and a log with one pair changed is refused."""
+    run = tmp_path / "run"
+    results = finish(spawn(4, ["-m", "gossamer", "train", "--quiet", "--out", str(run), *sets(PAIRS)], cwd=ROOT), 120)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    assert [o.count("run written to") for _, o, _ in results] == [0, 0, 0, 1]
+    header, events = events_of(run)
+    assert header["server_rank"] == 3 and [e["event"] for e in events] == list(range(len(events)))
+    count = dict.fromkeys(range(3), 0)
+    for e in events:  # each worker's events in its own order; the unmatched one of a round averages with none
+        assert e["k"] == count[e["i"]]
+        count[e["i"]] += 1
+    assert {e["j"] is None for e in events} == {True, False}
+    assert main(["train", "--quiet", "--replay", str(run), "--out", str(tmp_path / "replay")]) == 0
+    processes = torch.load(run / "models.pt", weights_only=True)
+    assert torch.equal(load_checkpoint(tmp_path / "replay")["rows"]["X"], processes)
+    assert len(read_rows(tmp_path / "replay")) == read_summary(run)["steps"]
+    changed = next(k for k, e in enumerate(events) if e["j"] is not None and e["k"] >= 2)  # models differ by then
+    events[changed]["j"] = 3 - events[changed]["i"] - events[changed]["j"]  # the third worker instead
+    (run / LOG).write_text("".join(json.dumps(line) + "\n" for line in [header, *events]))
+    capsys.readouterr()
+    one_line_error(capsys, ["train", "--quiet", "--replay", str(run), "--out", str(tmp_path / "other")],
+                   "the replay's final models differ from the processes' (models.pt)")

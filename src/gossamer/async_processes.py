@@ -51,9 +51,10 @@ LOG_FORMAT = "gossamer event log 1"
 STOP = -1.0
 
 
-def served(cfg) -> bool:
-    """Whether ``cfg`` runs as a server and its workers on processes (not in the lock-step loop)."""
-    return cfg.engine == "dist" and bool(ALGORITHMS[cfg.algorithm].traits.get("server"))
+def served(cfg) -> str | None:
+    """How ``cfg`` runs on processes outside the lock-step loop: "push-pull" (a parameter server
+    and its workers), "pairs" (workers in pairs a coordinator grants), None (the loop)."""
+    return ALGORITHMS[cfg.algorithm].traits.get("server") if cfg.engine == "dist" else None
 
 
 def worker(run: Run, w: int, sleeps: bool) -> Worker:
@@ -70,29 +71,38 @@ def one_row_run(cfg, w: int) -> Run:
 
 def run_processes(cfg, out: Path, overwrite: bool, progress: bool, resume: bool, lock: RunLock | None) -> dict:
     """This process's part (module docstring): the summary on the server, {} on a worker."""
-    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    with process_group(cfg, resume) as ranks:
+        if dist.get_rank() == cfg.server_rank:
+            return _serve(cfg, out, overwrite, progress, lock, ranks)
+        _work(cfg, ranks.index(dist.get_rank()))
+        return {}
+
+
+@contextlib.contextmanager
+def process_group(cfg, resume: bool):
+    """Within: the gloo group of the n workers and the server (or coordinator) at ``server_rank``;
+    yields the workers' ranks (worker w is rank ranks[w]). The process count and the rank are
+    checked first, the same way on every process."""
+    world = int(os.environ.get("WORLD_SIZE", 1))
     if world != cfg.workers + 1:
-        raise ConfigError(f"async-local-sgd on engine dist runs workers + 1 processes (the workers and a server): "
-                          f"workers={cfg.workers} needs {cfg.workers + 1}, got {world}")
+        raise ConfigError(f"{cfg.algorithm} on engine dist runs workers + 1 processes (the workers and a "
+                          f"{'server' if served(cfg) == 'push-pull' else 'coordinator'}): workers={cfg.workers} "
+                          f"needs {cfg.workers + 1}, got {world}")
     if cfg.server_rank >= world:
         raise ConfigError(f"server_rank {cfg.server_rank} is out of range: the run has {world} processes "
                           f"(ranks 0-{world - 1})")
     if resume:
-        raise ConfigError("--resume: async-local-sgd on processes does not continue a run (its workers' state lives "
-                          "in their processes); train it again")
+        raise ConfigError(f"--resume: {cfg.algorithm} on processes does not continue a run (its workers' state "
+                          f"lives in their processes); train it again")
     timeout = timedelta(seconds=cfg.dist_timeout)
     dist.init_process_group("gloo", timeout=timeout, **attempt_store(timeout))
     try:
-        ranks = [r for r in range(world) if r != cfg.server_rank]  # worker w is rank ranks[w]
-        if rank == cfg.server_rank:
-            return _serve(cfg, out, overwrite, progress, lock, ranks)
-        _work(cfg, ranks.index(rank))
-        return {}
+        yield [r for r in range(world) if r != cfg.server_rank]
     finally:
         dist.destroy_process_group()
 
 
-def _gather_errors(error: str | None) -> list:
+def gather_errors(error: str | None) -> list:
     errors: list = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)
     return errors
@@ -102,7 +112,7 @@ def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None
     def build():
         run = build_run(cfg, SimEngine(cfg.workers))
         return run, RunDir(out, overwrite, cfg.logger, lock=lock, extra=(LOG,))
-    run, run_dir = agree(build, _gather_errors)
+    run, run_dir = agree(build, gather_errors)
     X = run.workers.X
     with open(run_dir.dir / LOG, "w", buffering=1) as log:  # a line reaches the file as it happens
         log.write(json.dumps({"log": LOG_FORMAT, "config": cfg.to_dict(), "processes": len(ranks) + 1,
@@ -121,7 +131,7 @@ def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None
 
 def _work(cfg, w: int) -> None:
     """Worker w's loop: a round, its push, its pull, until the server says stop."""
-    me = worker(agree(lambda: one_row_run(cfg, w), _gather_errors), w, sleeps=True)
+    me = worker(agree(lambda: one_row_run(cfg, w), gather_errors), w, sleeps=True)
     X = me.run.workers.X
     push = torch.empty(X.shape[1] + 2, dtype=X.dtype)
     pull = torch.empty(X.shape[1] + 1, dtype=X.dtype)
@@ -268,10 +278,9 @@ def event_log(path: Path) -> Path:
     return file
 
 
-def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
-    """The header and the events of the log in run directory ``path``, refused unless it is a whole
-    log of a run of ``cfg`` (the same config in everything that changes training) that reaches its
-    last step."""
+def log_lines(path: Path, cfg) -> list[dict]:
+    """The lines of the event log in run directory ``path`` (its header first), refused unless it
+    is a log of a run of ``cfg`` (the same config in everything that changes training)."""
     file, where = event_log(path), short(str(path))
     try:
         lines = [json.loads(line) for line in file.read_text().splitlines() if line]
@@ -282,6 +291,13 @@ def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
     changed = config_differences(lines[0]["config"], cfg.to_dict())
     if changed:
         raise ConfigError(f"--replay '{where}': its event log is of another run: the config differs in {changed}")
+    return lines
+
+
+def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
+    """The header and the events of the log in run directory ``path`` (:func:`log_lines`) that
+    reach the run's last step (refused where the log ends before it)."""
+    lines, where = log_lines(path, cfg), short(str(path))
     events = [e for e in lines[1:] if PUSH in e or PULL in e or GONE in e]
     steps, need = local_steps_of(cfg), cfg.workers * cfg.epochs * steps_per_epoch
     pushed = 0
@@ -296,16 +312,21 @@ def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
 
 def replay(cfg, source: Path, out: Path, overwrite: bool, progress: bool) -> dict:
     """Train ``cfg`` in this process on the events logged in run directory ``source`` into ``out``."""
-    if not served(cfg):
-        raise ConfigError(f"--replay replays an event log of async-local-sgd on engine dist; this config is "
-                          f"algorithm {cfg.algorithm} on engine {cfg.engine}")
     run = build_run(cfg, SimEngine(cfg.workers))
     header, events = read_log(source, cfg, run.steps_per_epoch)
     workers = [worker(one_row_run(cfg, w), w, sleeps=False) for w in range(cfg.workers)]
     run.schedule.events = Replay(events, workers, short(str(source)))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(header["threads"])  # a sum's order follows the threads that share it
-    try:
+    with threads_of(header):
         return _train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)
+
+
+@contextlib.contextmanager
+def threads_of(header: dict):
+    """Within: the intra-op threads the processes of a log computed with (a sum's order follows
+    the threads that share it)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(header["threads"])
+    try:
+        yield
     finally:
         torch.set_num_threads(threads)

@@ -27,6 +27,7 @@ from .topology import DECAY, SAMPLE_ROUNDS, TOPOLOGIES, analyse, build_topology
 from .train import Diverged
 # one run into its directory, shared with gossamer.run (re-exported: gossamer.cli.run_training)
 from .async_processes import event_log, replay, run_processes, served
+from .pair_processes import replay_pairs, run_pairs
 from .many_runs import empty_out, positive, seed_range, train_many
 from .runner import Finished, Stopped, run_training, train_suite_run
 from .rundir import LOCK, MARKER, RunLock, default_out, read_summary, saved_config
@@ -110,7 +111,7 @@ def cmd_train(args) -> int:
                 raise ConfigError(f"--out '{short(out)}' holds {short(theirs[0])}, which no gossamer run wrote: "
                                   f"--resume-if-exists starts a run only in an empty folder or continues its own; "
                                   f"choose another --out")
-        train_into = run_processes if served(cfg) else run_training
+        train_into = {"push-pull": run_processes, "pairs": run_pairs}.get(served(cfg), run_training)
         summary = train_into(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
                              lock=lock)
     except Finished as e:
@@ -143,8 +144,12 @@ def _replay(args) -> int:
     event_log(Path(args.replay))
     saved = None if args.config or args.set else saved_config(args.replay)
     cfg = load_config(args.config, args.set, base=saved, plugin=args.plugin)
+    if not served(cfg):
+        raise ConfigError(f"--replay replays an event log of async-local-sgd or ad-psgd on engine dist; this config "
+                          f"is algorithm {cfg.algorithm} on engine {cfg.engine}")
     out = Path(args.out or default_out(f"replay-{cfg.algorithm}-n{cfg.workers}"))
-    return _said(replay(cfg, Path(args.replay), out, args.overwrite, progress=not args.quiet), out)
+    replayed = {"push-pull": replay, "pairs": replay_pairs}[served(cfg)]
+    return _said(replayed(cfg, Path(args.replay), out, args.overwrite, progress=not args.quiet), out)
 
 
 WORKING_AFTER = 5.0  # seconds after which `gossamer topology` says it is still working

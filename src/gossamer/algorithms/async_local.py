@@ -64,7 +64,7 @@ from ..network import Speeds
 from ..outer import OuterOptions, OuterStep, build_outer
 from ..registry import ConfigError, positive_ints, short
 from .async_server import AsyncServer, ParameterServer
-from .asynchronous import check_event_driven
+from .asynchronous import check_engine
 from .schedule import ALGORITHMS, Context, StepIO, Stepped, begin_step
 
 STEP, ARRIVAL, CLOSE = 0, 1, 2  # event kinds, in the order they run at one moment
@@ -284,12 +284,7 @@ class AsyncLocalSGDOptions(OuterOptions):
         for key, choices in (("async_weight", WEIGHTS), ("inner_state", INNER_STATES)):
             if getattr(self, key) not in choices:
                 raise ConfigError(f"unknown {key} '{short(getattr(self, key))}'; choose one of: {', '.join(choices)}")
-        if cfg.engine == "dist":
-            check_processes(self, cfg)
-        else:
-            check_event_driven(cfg)
-            if self.server_rank != 0:
-                raise ConfigError("server_rank applies only to engine dist (the rank of the server process)")
+        check_engine(cfg, self.server_rank)
         if cfg.average_optimizer_state:
             raise ConfigError("algorithm async-local-sgd keeps each worker's optimizer state: use "
                               "average_optimizer_state: false")
@@ -307,18 +302,6 @@ class AsyncLocalSGDOptions(OuterOptions):
             raise ConfigError("dylu_min_steps applies only with dylu: true")
 
 
-def check_processes(options: AsyncLocalSGDOptions, cfg) -> None:
-    """What async-local-sgd on real processes takes (:mod:`gossamer.algorithms.async_server`)."""
-    if not isinstance(options.server_rank, int) or isinstance(options.server_rank, bool) or options.server_rank < 0:
-        raise ConfigError(f"server_rank must be a rank >= 0, got {short(options.server_rank)}")
-    if cfg.network is not None:
-        raise ConfigError("async-local-sgd on engine dist runs on a real network: drop the network section (its "
-                          "clock is the simulator's)")
-    if cfg.dist_backend == "nccl":
-        raise ConfigError("async-local-sgd on engine dist sends its pushes and pulls point to point over gloo: use "
-                          "dist_backend gloo or auto")
-
-
 def local_steps_of(cfg) -> list[int]:
     """H_w of every worker: H, or DyLU's max(H_min, ⌊(min_j s_j / s_w)·H⌋)."""
     if not cfg.dylu:
@@ -327,7 +310,7 @@ def local_steps_of(cfg) -> list[int]:
     return [max(cfg.dylu_min_steps, math.floor(slow.min() / s * cfg.local_steps)) for s in slow]
 
 
-@ALGORITHMS.register("async-local-sgd", options=AsyncLocalSGDOptions, example=("local_steps=2",), server=True,
+@ALGORITHMS.register("async-local-sgd", options=AsyncLocalSGDOptions, example=("local_steps=2",), server="push-pull",
                      help="asynchronous local SGD: a server applies each worker's pseudo-gradient as it arrives, "
                           "Delayed Nesterov, DyLU, a grace window (Liu et al. 2024)")
 def _async_local_sgd(cfg, ctx: Context) -> AsyncLocalSGD | AsyncServer:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from ..engines.ledger import row_bytes
-from ..registry import ConfigError
+from ..registry import ConfigError, short
 from ..rng import row_uniforms
 from ..topology import Mixing, Topology
 from .gossip import GraphOptions, build_graph
@@ -170,6 +170,25 @@ class ADPSGD(Schedule):
             getattr(self, key).copy_(rows)
 
 
+def check_engine(cfg, server_rank: int) -> None:
+    """The engines an event-driven algorithm runs on: the simulator (:func:`check_event_driven`),
+    or real processes with a server or coordinator at ``server_rank`` (engine dist, gloo, a real
+    network)."""
+    if cfg.engine != "dist":
+        check_event_driven(cfg)
+        if server_rank != 0:
+            raise ConfigError("server_rank applies only to engine dist (the rank of the server or coordinator)")
+        return
+    if not isinstance(server_rank, int) or isinstance(server_rank, bool) or server_rank < 0:
+        raise ConfigError(f"server_rank must be a rank >= 0, got {short(server_rank)}")
+    if cfg.network is not None:
+        raise ConfigError(f"{cfg.algorithm} on engine dist runs on a real network: drop the network section (its "
+                          f"clock is the simulator's)")
+    if cfg.dist_backend == "nccl":
+        raise ConfigError(f"{cfg.algorithm} on engine dist sends its messages point to point over gloo: use "
+                          f"dist_backend gloo or auto")
+
+
 def check_event_driven(cfg) -> None:
     """What an event-driven simulation needs: engine sim, and with a network, the compute times
     known before the events run."""
@@ -183,15 +202,17 @@ def check_event_driven(cfg) -> None:
 
 @dataclass
 class ADPSGDOptions(GraphOptions):
+    server_rank: int = 0  # engine dist: the rank of the coordinator process (it does not train)
+
     def validate(self, cfg) -> None:
         super().validate(cfg)
-        check_event_driven(cfg)
+        check_engine(cfg, self.server_rank)
         if cfg.average_optimizer_state:
             raise ConfigError("algorithm ad-psgd averages only the parameters of a pair: use "
                               "average_optimizer_state: false")
 
 
-@ALGORITHMS.register("ad-psgd", options=ADPSGDOptions, example=("topology=ring",),
+@ALGORITHMS.register("ad-psgd", options=ADPSGDOptions, example=("topology=ring",), server="pairs",
                      help="asynchronous decentralized SGD: pairwise averages with one random neighbour on each "
                           "worker's own clock (Lian et al. 2018)")
 def _ad_psgd(cfg, ctx: Context) -> ADPSGD:

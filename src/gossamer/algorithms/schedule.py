@@ -44,8 +44,9 @@ ALGORITHMS = Registry("algorithm", traits={  # what each means; the one place th
     "requires": "{key: value or (accepted, ...)}: the values it sets of other config keys (config.py)",
     "requires_why": "why it sets them, for the error that refuses another value",
     "byzantine_group": "the config key of the size of the groups its robust rule aggregates (default: all workers)",
-    "server": "on engine dist it runs as a parameter server and its workers, each a process of its own "
-              "(async_processes.py), not in the lock-step loop",
+    "server": "how it runs on engine dist, each worker a process of its own, not in the lock-step loop: "
+              "'push-pull' (a parameter server: async_processes.py) or 'pairs' (a coordinator grants pairs: "
+              "pair_processes.py)",
     "hook": "(the gossamer.integrations synchroniser that runs it in a user's loop, cfg → its keyword options): "
             "testing.hook_of"})
 GRAD_NORM_EMA = 0.9  # β of the EMA of φ² unless the schedule says otherwise (consensus.ema)
