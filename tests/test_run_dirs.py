@@ -559,7 +559,7 @@ def test_the_stop_names_the_signal_another_process_received(tmp_path):
 
     def rank(r):
         try:
-            runner._train_into(cfg, runs[r], run_dir if r == 0 else None, out, False, None)
+            runner.train_into(cfg, runs[r], run_dir if r == 0 else None, out, False, None)
         except runner.Stopped as e:
             errors[r] = e
 

@@ -43,7 +43,7 @@ from .engines.failures import PeerLost
 from .network import Speeds
 from .registry import ConfigError, short
 from .rundir import RunDir, RunLock
-from .runner import _train_into
+from .runner import train_into
 from .train import Batches, Run, build_run, lr_at
 
 LOG = "events.jsonl"
@@ -120,7 +120,7 @@ def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None
         network = Network(ranks, cfg.grace_window, X.shape[1], X.dtype, X.device, cfg.dist_timeout, log)
         run.schedule.events = network
         try:
-            summary = _train_into(cfg, run, run_dir, out, progress, None)
+            summary = train_into(cfg, run, run_dir, out, progress, None)
         except BaseException:
             with contextlib.suppress(Exception):  # the workers stop too; the run's own error is the one told
                 network.finish()
@@ -317,7 +317,7 @@ def replay(cfg, source: Path, out: Path, overwrite: bool, progress: bool) -> dic
     workers = [worker(one_row_run(cfg, w), w, sleeps=False) for w in range(cfg.workers)]
     run.schedule.events = Replay(events, workers, short(str(source)))
     with threads_of(header):
-        return _train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)
+        return train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)
 
 
 @contextlib.contextmanager

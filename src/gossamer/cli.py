@@ -111,9 +111,9 @@ def cmd_train(args) -> int:
                 raise ConfigError(f"--out '{short(out)}' holds {short(theirs[0])}, which no gossamer run wrote: "
                                   f"--resume-if-exists starts a run only in an empty folder or continues its own; "
                                   f"choose another --out")
-        train_into = {"push-pull": run_processes, "pairs": run_pairs}.get(served(cfg), run_training)
-        summary = train_into(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
-                             lock=lock)
+        trains = {"push-pull": run_processes, "pairs": run_pairs}.get(served(cfg), run_training)
+        summary = trains(cfg, out, args.overwrite or restart, progress=not args.quiet, resume=bool(resume),
+                         lock=lock)
     except Finished as e:
         if not args.resume_if_exists:
             raise

@@ -39,7 +39,7 @@ from .engines.failures import PeerLost
 from .network import Speeds
 from .registry import ConfigError, short
 from .rundir import RunDir, RunLock
-from .runner import _train_into
+from .runner import train_into
 from .train import Batches, Run, build_run, evaluate, lr_at
 
 REQUEST, GRANT, PASSIVE, MODEL, REPLY, FINAL = range(1, 7)  # the tags
@@ -235,7 +235,7 @@ def replay_pairs(cfg, source: Path, out: Path, overwrite: bool, progress: bool) 
     workers = [pair_worker(one_row_run(cfg, w), w, sleeps=False) for w in range(cfg.workers)]
     run.schedule = PairReplay(workers, events, where)
     with threads_of(lines[0]):
-        summary = _train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)
+        summary = train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)
     final = Path(source) / MODELS
     if final.is_file() and not torch.equal(torch.load(final, weights_only=True), run.workers.X.cpu()):
         raise ConfigError(f"--replay '{where}': the replay's final models differ from the processes' ({MODELS}): "

@@ -76,7 +76,7 @@ def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume:
     run = build_run(cfg, reference=reference_trajectory(cfg), data=data, model=model)
     state = _resumed_state(cfg, run, out) if resume else None
     run_dir = RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None, lock=lock)
-    return _train_into(cfg, run, run_dir, out, progress, state)
+    return train_into(cfg, run, run_dir, out, progress, state)
 
 
 def train_suite_run(cfg, run_out: Path) -> None:
@@ -105,7 +105,7 @@ def _summary_steps(out: Path) -> int | None:
         return None
 
 
-def _train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, state: dict | None) -> dict:
+def train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, state: dict | None) -> dict:
     """Train ``run`` (from checkpoint ``state`` if given; if that is the last step, only the
     summary is missing: it is written); only the process with a ``run_dir`` (rank 0) writes,
     every process checkpoints (the engine gathers the rows of all processes)."""
@@ -190,6 +190,6 @@ def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: 
         state = engine.agree(lambda: _resumed_state(cfg, run, out) if resume else None)
         run_dir = engine.agree(lambda: RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None,
                                               lock=lock) if engine.rank == 0 else None)
-        return _train_into(cfg, run, run_dir, out, progress and engine.rank == 0, state)
+        return train_into(cfg, run, run_dir, out, progress and engine.rank == 0, state)
     finally:
         engine.close()
