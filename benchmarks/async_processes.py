@@ -1,4 +1,5 @@
-"""Asynchronous local SGD against synchronous DiLoCo on real processes, one worker 3 times slower:
+"""Asynchronous local SGD against synchronous DiLoCo on real processes (``--pairs``: AD-PSGD against
+synchronous gossip, D-SGD, on a ring), one worker 3 times slower:
 the wall time of the same inner steps (every worker's rounds of H steps; DiLoCo waits for the slow
 one at every outer all-reduce, async-local-sgd does not), side by side in one script.
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from gossamer.rundir import read_summary
 
-COMMON = ["num_samples=4000", "batch_size=32", "lr=0.05", "momentum=0.9", "slow_workers=0.25@3",
+COMMON = ["num_samples=4000", "lr=0.05", "momentum=0.9", "slow_workers=0.25@3",
           "engine=dist", "dtype=float32", "metrics_every=25"]
 
 
@@ -46,9 +47,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--local-steps", type=int, default=8)
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--rate", help="rate-limit a network namespace's loopback to this (tc syntax, e.g. 20mbit)")
+    ap.add_argument("--pairs", action="store_true", help="AD-PSGD against synchronous gossip (D-SGD), on a ring")
     a = ap.parse_args(argv)
-    shared = [*COMMON, f"workers={a.workers}", f"local_steps={a.local_steps}", f"epochs={a.epochs}"]
+    if a.pairs:
+        contenders = ("gossip (synchronous)", ["algorithm=gossip", "topology=ring"]), \
+            ("ad-psgd", ["algorithm=ad-psgd", "topology=ring"])
+        shared = [*COMMON, f"workers={a.workers}", f"epochs={a.epochs}", f"batch_size={a.batch_size}"]
+    else:
+        contenders = ("diloco (synchronous)", ["algorithm=diloco"]), ("async-local-sgd", ["algorithm=async-local-sgd"])
+        shared = [*COMMON, f"workers={a.workers}", f"local_steps={a.local_steps}", f"epochs={a.epochs}",
+                  f"batch_size={a.batch_size}"]
     out = Path(tempfile.mkdtemp(prefix="async-processes-"))
     with contextlib.ExitStack() as stack:
         namespace = None
@@ -60,14 +70,17 @@ def main(argv: list[str] | None = None) -> int:
             namespace = stack.enter_context(Namespace())
             namespace.limit(a.rate)
             namespace = namespace.name
-        sync = launch(a.workers, [*shared, "algorithm=diloco", "network=ethernet-1g"], out / "diloco", namespace)
-        asynchronous = launch(a.workers + 1, [*shared, "algorithm=async-local-sgd"], out / "async", namespace)
-    print(f"{a.workers} workers, H={a.local_steps}, one 3x slower, {sync['steps']} loop steps of {a.workers} inner "
-          f"steps each, {sync['parameters']:,} parameters, loopback {a.rate or 'not limited'}:")
-    print(f"  diloco (synchronous)  {sync['wall_seconds']:7.2f} s   test accuracy {sync['test_accuracy']:.3f}")
-    print(f"  async-local-sgd       {asynchronous['wall_seconds']:7.2f} s   test accuracy "
-          f"{asynchronous['test_accuracy']:.3f}   ({asynchronous['pushes']} pushes, staleness mean "
-          f"{asynchronous['staleness_mean']:.2f}, max {asynchronous['staleness_max']})")
+        (sync_name, sync_case), (async_name, async_case) = contenders
+        sync = launch(a.workers, [*shared, *sync_case, "network=ethernet-1g"], out / "sync", namespace)
+        asynchronous = launch(a.workers + 1, [*shared, *async_case], out / "async", namespace)
+    print(f"{a.workers} workers{'' if a.pairs else f', H={a.local_steps}'}, one 3x slower, {sync['steps']} loop steps "
+          f"of {a.workers} inner steps each, {sync['parameters']:,} parameters, loopback {a.rate or 'not limited'}:")
+    print(f"  {sync_name:<22}{sync['wall_seconds']:7.2f} s   test accuracy {sync['test_accuracy']:.3f}")
+    counts = f"{asynchronous['events']} events" if a.pairs else \
+        f"{asynchronous['pushes']} pushes, staleness mean {asynchronous['staleness_mean']:.2f}, max " \
+        f"{asynchronous['staleness_max']}"
+    print(f"  {async_name:<22}{asynchronous['wall_seconds']:7.2f} s   test accuracy "
+          f"{asynchronous['test_accuracy']:.3f}   ({counts})")
     print(f"  ratio async / sync    {asynchronous['wall_seconds'] / sync['wall_seconds']:.2f}")
     return 0
 
