@@ -1,9 +1,10 @@
 """Asynchronous local SGD on real processes (:mod:`gossamer.async_processes`): a run of 4 processes
-(a server and 3 workers, one of them 3 times slower, one killed on the way) replayed by the
-simulator bit for bit in float64; the replay of the order the simulator's clocks give is the simulator; an event log of
+(a server and 3 workers, one of them 3 times slower, one killed on the way, then the server, then
+the run resumed) replayed by the simulator bit for bit in float64; the replay of the order the simulator's clocks give is the simulator; an event log of
 another run, or one that ends early, is refused in one line."""
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -21,11 +22,18 @@ from gossamer.rundir import load_checkpoint, read_rows, read_summary
 from gossamer.train import build_run, train
 
 ROOT = Path(__file__).resolve().parents[1]
-# float64, 3 workers of H = 2 (one 3x slower), a grace window, the server on rank 1
-PROCESSES = ["algorithm=async-local-sgd", "engine=dist", "workers=3", "local_steps=2", "epochs=3", "batch_size=16",
+# float64, 3 workers of H = 2 (one 3x slower), a grace window, the server on rank 1, a checkpoint
+# every quarter epoch
+PROCESSES = ["algorithm=async-local-sgd", "engine=dist", "workers=3", "local_steps=2", "epochs=2", "batch_size=16",
              "num_samples=2000", "lr=0.05", "momentum=0.9", "nesterov=true", "dtype=float64", "grad_backend=loop",
-             "slow_workers=0.3@3", "grace_window=0.003", "server_rank=1", "dist_timeout=30"]
+             "slow_workers=0.3@3", "grace_window=0.003", "server_rank=1", "dist_timeout=30", "checkpoint_every=0.25"]
 SERVER_RANK = 1
+
+# AD-PSGD: 3 workers (odd n, so each round's random matching leaves one out) and the coordinator
+# on the last rank, one worker 3x slower
+PAIRS = ["algorithm=ad-psgd", "engine=dist", "workers=3", "topology=random-matching", "epochs=1", "batch_size=16",
+         "num_samples=800", "lr=0.05", "momentum=0.9", "dtype=float64", "grad_backend=loop", "slow_workers=0.34@3",
+         "server_rank=3", "dist_timeout=30"]
 
 
 def roles() -> tuple[int, int, int]:
@@ -35,24 +43,42 @@ def roles() -> tuple[int, int, int]:
     return slow, fast[0], fast[1]
 
 
+def kill_when(proc, ready, seconds: float = 90) -> None:
+    """SIGKILL ``proc`` as soon as ``ready()`` (polled every 5 ms), unless it ended first."""
+    began = time.monotonic()
+    while time.monotonic() - began < seconds and proc.poll() is None:
+        if ready():
+            proc.send_signal(signal.SIGKILL)
+            return
+        time.sleep(0.005)
+
+
 @pytest.fixture(scope="module")
 def processes_run(tmp_path_factory) -> Path:
-    """The run, one fast worker SIGKILLed after its second push."""
+    """The run: one fast worker SIGKILLed after its second push, later the server (after a
+    checkpoint), then the run resumed on 4 new processes, the killed worker rejoining."""
     out = tmp_path_factory.mktemp("async") / "run"
     procs = spawn(4, ["-m", "gossamer", "train", "--quiet", "--out", str(out), *sets(PROCESSES)], cwd=ROOT)
     victim = roles()[2]
     rank = [r for r in range(4) if r != SERVER_RANK][victim]
-    log, began = out / LOG, time.monotonic()
-    while time.monotonic() - began < 90 and procs[rank].poll() is None:
-        if log.is_file() and sum(f'"push": {victim},' in line for line in log.read_text().splitlines()) >= 2:
-            procs[rank].send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.005)
+    log = out / LOG
+
+    def lines() -> list[str]:
+        return log.read_text().splitlines() if log.is_file() else []
+    kill_when(procs[rank], lambda: sum(f'"push": {victim},' in line for line in lines()) >= 2)
+    kill_when(procs[SERVER_RANK], lambda: (out / "checkpoint.pt").is_file() and len(lines()) >= 100)
     results = finish(procs, 120)
-    assert results[rank][0] == -signal.SIGKILL, "the run ended before the worker could be killed"
-    for r, (code, _, err) in enumerate(results):
-        assert r == rank or code == 0, err[-3000:]
-    assert [o.count("run written to") for _, o, _ in results] == [0, 1, 0, 0]  # the server's rank says it
+    assert [code for code, _, _ in results] == [1 if r not in (rank, SERVER_RANK) else -signal.SIGKILL
+                                                for r in range(4)], [err[-2000:] for _, _, err in results]
+    assert all(f"lost the server (rank {SERVER_RANK})" in err for r, (_, _, err) in enumerate(results)
+               if r not in (rank, SERVER_RANK))
+    pairs = out.parent / "pairs"  # the same 4 processes then run AD-PSGD: one launch less
+    script = (f"import sys; from gossamer.cli import main; sys.exit(main(['train', '--quiet', '--resume', {str(out)!r}])"
+              f" or main(['train', '--quiet', '--out', {str(pairs)!r}, *{sets(PAIRS)!r}]))")
+    results = finish(spawn(4, ["-c", script], cwd=ROOT), 120)
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    assert [o.count("run written to") for _, o, _ in results] == [0, 1, 0, 1]  # the server's, the coordinator's
     return out
 
 
@@ -62,32 +88,36 @@ def events_of(run: Path) -> tuple[dict, list[dict]]:
 
 
 def test_a_run_of_processes_is_replayed_bit_for_bit(processes_run, tmp_path):
-    """Pushes in their real order, a slow worker, a grace window, a worker killed: the replay's rows
-    are the processes' to the last bit."""
+    """Pushes in their real order, a slow worker, a grace window, a worker killed, then the server,
+    the run resumed with every worker rejoining: the replay's rows are the processes' to the last bit."""
     header, events = events_of(processes_run)
     assert header["processes"] == 4 and header["server_rank"] == SERVER_RANK and events[-1]["end"]
     slow, fast, victim = roles()
     version, read = 0, dict.fromkeys(range(3), 0)
-    for e in events[:-1]:  # every push writes the next version; a pull reads the latest
+    for e in events[:-1]:  # every push writes the next version; a pull or a rejoin reads the latest
         if "push" in e:
             assert (e["read"], e["wrote"]) == (read[e["push"]], version + 1)
             version = e["wrote"]
-        elif "pull" in e:
+        elif "pull" in e or "rejoin" in e:
             assert e["version"] == version
-            read[e["pull"]] = version
+            read[e.get("pull", e.get("rejoin"))] = version
+    resumed = next(k for k, e in enumerate(events) if "resume" in e)
+    gone = [k for k, e in enumerate(events) if "gone" in e]
+    assert [events[k]["gone"] for k in gone] == [victim] and gone[0] < resumed  # dropped once, before the resume
+    assert all(e.get("push") != victim for e in events[gone[0]:resumed])  # and not heard of until then
+    assert [e.get("rejoin") for e in events[resumed + 1 : resumed + 4]] == [0, 1, 2]  # every worker rejoins
     pushes = [e["push"] for e in events if "push" in e]
+    assert victim in [e.get("push") for e in events[resumed:]]  # the killed worker trains again
     assert pushes.count(slow) < pushes.count(fast)  # the slow worker pushes less: the order is real
-    gone = [i for i, e in enumerate(events) if "gone" in e]
-    assert [events[i]["gone"] for i in gone] == [victim]  # dropped once, and never heard of again
-    assert all(e.get("push") != victim and e.get("pull") != victim for e in events[gone[0]:])
     assert main(["train", "--quiet", "--replay", str(processes_run), "--out", str(tmp_path / "replay")]) == 0
     processes, replayed = read_rows(processes_run), read_rows(tmp_path / "replay")
-    assert len(processes) == 99 and processes == replayed  # every metric, every step, to the last bit
+    assert len(processes) == 66 and processes == replayed  # every metric, every step, to the last bit
     assert processes[-1]["staleness_max"] == max(e["wrote"] - 1 - e["read"] for e in events if "push" in e)
     summary = read_summary(processes_run)
     assert summary["workers_gone"] == 1 and summary["pushes"] == len(pushes)
     model_bytes = summary["bytes_per_worker"] * 3 / (summary["pushes"] + summary["pulls"])  # the ledger's, a message
-    assert summary["wire_bytes_received"] == pytest.approx(summary["pushes"] * (model_bytes + 16), rel=1e-12)
+    since = sum("push" in e for e in events[resumed:])  # the resumed processes' wire
+    assert summary["wire_bytes_received"] == pytest.approx(since * (model_bytes + 16), rel=1e-12)
 
 
 def write_log(run: Path, cfg, rounds: int) -> None:
@@ -149,21 +179,11 @@ def test_event_logs_that_are_not_this_runs_are_refused(tmp_path, capsys, monkeyp
     assert not Path(out).exists()
 
 
-# AD-PSGD: 3 workers (odd n, so each round's random matching leaves one out) and the coordinator
-# on the last rank, one worker 3x slower
-PAIRS = ["algorithm=ad-psgd", "engine=dist", "workers=3", "topology=random-matching", "epochs=1", "batch_size=16",
-         "num_samples=800", "lr=0.05", "momentum=0.9", "dtype=float64", "grad_backend=loop", "slow_workers=0.34@3",
-         "server_rank=3", "dist_timeout=30"]
-
-
-def test_ad_psgd_on_processes_is_replayed_bit_for_bit(tmp_path, capsys):
+def test_ad_psgd_on_processes_is_replayed_bit_for_bit(processes_run, tmp_path, capsys):
     """The pairs the coordinator granted, in its order: the replay's final models are the processes'
     to the bit, and a log with one pair changed is refused."""
     run = tmp_path / "run"
-    results = finish(spawn(4, ["-m", "gossamer", "train", "--quiet", "--out", str(run), *sets(PAIRS)], cwd=ROOT), 120)
-    for code, _, err in results:
-        assert code == 0, err[-3000:]
-    assert [o.count("run written to") for _, o, _ in results] == [0, 0, 0, 1]
+    shutil.copytree(processes_run.parent / "pairs", run)
     header, events = events_of(run)
     assert header["server_rank"] == 3 and [e["event"] for e in events] == list(range(len(events)))
     count = dict.fromkeys(range(3), 0)
@@ -181,3 +201,5 @@ def test_ad_psgd_on_processes_is_replayed_bit_for_bit(tmp_path, capsys):
     capsys.readouterr()
     one_line_error(capsys, ["train", "--quiet", "--replay", str(run), "--out", str(tmp_path / "other")],
                    "the replay's final models differ from the processes' (models.pt)")
+    one_line_error(capsys, ["train", "--quiet", "--resume", str(run)], "--resume: ad-psgd on processes does not "
+                   "continue a run")

@@ -16,6 +16,9 @@ its ``wall`` seconds since the server started. A replay trains the same config i
 the server's code on the logged order, each push computed by the worker's code on a one-row run
 of its own, with the processes' intra-op threads (the header's ``threads``: a sum's order follows
 the threads that share it); the rows equal the processes' bit for bit.
+
+A run whose server died continues with ``--resume`` on new processes (:func:`cut_log`: the log
+back to the server's checkpoint, then every worker rejoins).
 """
 
 from __future__ import annotations
@@ -35,15 +38,15 @@ import torch.distributed as dist
 
 from .algorithms import ALGORITHMS
 from .algorithms.async_local import local_steps_of
-from .algorithms.async_server import GONE, PULL, PUSH, Event, Replay, Worker
+from .algorithms.async_server import GONE, PULL, PUSH, REJOIN, Event, Replay, Worker
 from .checkpoint import config_differences
 from .engines import SimEngine
 from .engines.dist import agree, attempt_store, first_line
 from .engines.failures import PeerLost
 from .network import Speeds
 from .registry import ConfigError, short
-from .rundir import RunDir, RunLock
-from .runner import train_into
+from .rundir import RunDir, RunLock, write_atomic
+from .runner import resumed_state, train_into
 from .train import Batches, Run, build_run, lr_at
 
 LOG = "events.jsonl"
@@ -71,15 +74,15 @@ def one_row_run(cfg, w: int) -> Run:
 
 def run_processes(cfg, out: Path, overwrite: bool, progress: bool, resume: bool, lock: RunLock | None) -> dict:
     """This process's part (module docstring): the summary on the server, {} on a worker."""
-    with process_group(cfg, resume) as ranks:
+    with process_group(cfg) as ranks:
         if dist.get_rank() == cfg.server_rank:
-            return _serve(cfg, out, overwrite, progress, lock, ranks)
-        _work(cfg, ranks.index(dist.get_rank()))
+            return _serve(cfg, out, overwrite, progress, lock, ranks, resume)
+        _work(cfg, ranks.index(dist.get_rank()), resume)
         return {}
 
 
 @contextlib.contextmanager
-def process_group(cfg, resume: bool):
+def process_group(cfg):
     """Within: the gloo group of the n workers and the server (or coordinator) at ``server_rank``;
     yields the workers' ranks (worker w is rank ranks[w]). The process count and the rank are
     checked first, the same way on every process."""
@@ -91,9 +94,6 @@ def process_group(cfg, resume: bool):
     if cfg.server_rank >= world:
         raise ConfigError(f"server_rank {cfg.server_rank} is out of range: the run has {world} processes "
                           f"(ranks 0-{world - 1})")
-    if resume:
-        raise ConfigError(f"--resume: {cfg.algorithm} on processes does not continue a run (its workers' state "
-                          f"lives in their processes); train it again")
     timeout = timedelta(seconds=cfg.dist_timeout)
     dist.init_process_group("gloo", timeout=timeout, **attempt_store(timeout))
     try:
@@ -108,19 +108,26 @@ def gather_errors(error: str | None) -> list:
     return errors
 
 
-def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None, ranks: list[int]) -> dict:
+def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None, ranks: list[int],
+           resume: bool) -> dict:
     def build():
         run = build_run(cfg, SimEngine(cfg.workers))
-        return run, RunDir(out, overwrite, cfg.logger, lock=lock, extra=(LOG,))
-    run, run_dir = agree(build, gather_errors)
+        state = resumed_state(cfg, run, out) if resume else None
+        return run, state, RunDir(out, overwrite, cfg.logger, resume_step=state and state["step"], lock=lock,
+                                  extra=(LOG,))
+    run, state, run_dir = agree(build, gather_errors)
     X = run.workers.X
-    with open(run_dir.dir / LOG, "w", buffering=1) as log:  # a line reaches the file as it happens
-        log.write(json.dumps({"log": LOG_FORMAT, "config": cfg.to_dict(), "processes": len(ranks) + 1,
-                              "server_rank": cfg.server_rank, "threads": torch.get_num_threads()}) + "\n")
-        network = Network(ranks, cfg.grace_window, X.shape[1], X.dtype, X.device, cfg.dist_timeout, log)
+    if state is not None:
+        cut_log(run_dir.dir / LOG, state["schedule"]["recorded"], state["step"])
+    with open(run_dir.dir / LOG, "a" if state else "w", buffering=1) as log:  # a line reaches the file at once
+        if state is None:
+            log.write(json.dumps({"log": LOG_FORMAT, "config": cfg.to_dict(), "processes": len(ranks) + 1,
+                                  "server_rank": cfg.server_rank, "threads": torch.get_num_threads()}) + "\n")
+        network = Network(ranks, cfg.grace_window, X.shape[1], X.dtype, X.device, cfg.dist_timeout, log,
+                          rejoining=state is not None)
         run.schedule.events = network
         try:
-            summary = train_into(cfg, run, run_dir, out, progress, None)
+            summary = train_into(cfg, run, run_dir, out, progress, state)
         except BaseException:
             with contextlib.suppress(Exception):  # the workers stop too; the run's own error is the one told
                 network.finish()
@@ -129,26 +136,49 @@ def _serve(cfg, out: Path, overwrite: bool, progress: bool, lock: RunLock | None
         return summary
 
 
-def _work(cfg, w: int) -> None:
-    """Worker w's loop: a round, its push, its pull, until the server says stop."""
+def cut_log(path: Path, events: int, step: int) -> None:
+    """The event log of a run resumed at ``step`` back to its header and the ``events`` its
+    checkpoint had taken (what came after died with the server), then ``{"resume": step}``."""
+    lines, kept, taken = path.read_text().splitlines(), [], 0
+    for line in lines:
+        entry = json.loads(line)
+        if taken == events and any(k in entry for k in (PUSH, PULL, GONE, REJOIN, "end")):
+            break
+        taken += any(k in entry for k in (PUSH, PULL, GONE, REJOIN))
+        kept.append(line)
+    kept.append(json.dumps({"resume": step}))
+    write_atomic(path, lambda f: f.write("".join(line + "\n" for line in kept).encode()))
+
+
+def _work(cfg, w: int, resume: bool) -> None:
+    """Worker w's loop: a round, its push, its pull, until the server says stop (resumed: first
+    its rejoin, θ and its step count)."""
     me = worker(agree(lambda: one_row_run(cfg, w), gather_errors), w, sleeps=True)
     X = me.run.workers.X
     push = torch.empty(X.shape[1] + 2, dtype=X.dtype)
     pull = torch.empty(X.shape[1] + 1, dtype=X.dtype)
     server = cfg.server_rank
+    if resume:
+        count = torch.empty(1, dtype=torch.float64)
+        _exchange(lambda: (dist.recv(pull, server), dist.recv(count, server)), w, server)
+        me.pull(pull[:-1].to(X.device).view(1, -1), rejoin=int(count[0]))
     while True:
         event = me.round()
         push[0], push[1] = event.loss, event.grad_norm_sq
         push[2:] = event.gradient[0]
-        try:
-            dist.send(push, server)
-            dist.recv(pull, server)
-        except RuntimeError as e:
-            raise PeerLost(f"worker {w} (rank {dist.get_rank()}): lost the server (rank {server}): {first_line(e)}; "
-                           f"stopping", [server]) from None
+        _exchange(lambda: (dist.send(push, server), dist.recv(pull, server)), w, server)
         if pull[-1] == STOP:
             return
         me.pull(pull[:-1].to(X.device).view(1, -1))
+
+
+def _exchange(messages, w: int, server: int) -> None:
+    """``messages()`` with the server; its death → :class:`PeerLost`, one line."""
+    try:
+        messages()
+    except RuntimeError as e:
+        raise PeerLost(f"worker {w} (rank {dist.get_rank()}): lost the server (rank {server}): {first_line(e)}; "
+                       f"stopping", [server]) from None
 
 
 class Network:
@@ -157,7 +187,7 @@ class Network:
     queues it: the queue's order is the order of arrival."""
 
     def __init__(self, ranks: list[int], grace: float, d: int, dtype: torch.dtype, device: torch.device,
-                 timeout: float, log):
+                 timeout: float, log, rejoining: bool = False):
         self.ranks, self.grace, self.device, self.timeout, self.log = ranks, grace, device, timeout, log
         self.inbox = [torch.empty(d + 2, dtype=dtype) for _ in ranks]
         self.outbox = torch.empty(d + 1, dtype=dtype)
@@ -170,7 +200,8 @@ class Network:
         self.gone: set[int] = set()
         self.started = time.perf_counter()
         self.wire = {"wire_bytes_received": 0, "wire_bytes_sent": 0, "late_pushes": 0}
-        for w in range(len(ranks)):
+        self.rejoining: deque[int] = deque(range(len(ranks)) if rejoining else ())  # a resumed run's workers
+        for w in range(0 if rejoining else len(ranks)):
             self._listen(w)
 
     def _listen(self, w: int) -> None:
@@ -186,6 +217,8 @@ class Network:
     def next(self) -> Event:
         deadline = time.monotonic() + self.timeout
         while True:
+            if self.rejoining:
+                return Event(REJOIN, self.rejoining.popleft())
             if self.lost:
                 return Event(GONE, self.lost.popleft())
             if self.due:
@@ -234,6 +267,19 @@ class Network:
         self.outbox[-1] = version
         if self._send(w):
             self._listen(w)
+
+    def rejoin(self, w: int, theta: torch.Tensor, version: int, count: int) -> None:
+        """θ and w's step count to a worker of a resumed run."""
+        self.outbox[:-1] = theta[0]
+        self.outbox[-1] = version
+        if not self._send(w):
+            return
+        try:
+            dist.send(torch.tensor([float(count)], dtype=torch.float64), self.ranks[w])
+        except RuntimeError as e:
+            self._lose(w, e)
+            return
+        self._listen(w)
 
     def _send(self, w: int) -> bool:
         """The outbox to worker w; False (and w dropped) where its process died."""
@@ -298,7 +344,7 @@ def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
     """The header and the events of the log in run directory ``path`` (:func:`log_lines`) that
     reach the run's last step (refused where the log ends before it)."""
     lines, where = log_lines(path, cfg), short(str(path))
-    events = [e for e in lines[1:] if PUSH in e or PULL in e or GONE in e]
+    events = [e for e in lines[1:] if any(k in e for k in (PUSH, PULL, GONE, REJOIN))]
     steps, need = local_steps_of(cfg), cfg.workers * cfg.epochs * steps_per_epoch
     pushed = 0
     for number, e in enumerate(events, start=1):

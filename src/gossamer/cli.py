@@ -101,6 +101,9 @@ def cmd_train(args) -> int:
     lock = _resume_lock(resume)
     try:
         cfg = _resumed_config(args, resume) if resume else load_config(args.config, args.set, plugin=args.plugin)
+        if lock and served(cfg) and cfg.server_rank != 0:  # the run's writer, its server, takes the lock
+            lock.release()
+            lock = None
         out = Path(resume or args.out or default_out(f"{cfg.algorithm}-n{cfg.workers}"))
         # a restart that finds the folder its killed first attempt left before any checkpoint (its marker,
         # config.yaml, metrics.jsonl) starts over there

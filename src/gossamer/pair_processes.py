@@ -55,7 +55,10 @@ def pair_worker(run: Run, w: int, sleeps: bool) -> PairWorker:
 
 def run_pairs(cfg, out: Path, overwrite: bool, progress: bool, resume: bool, lock: RunLock | None) -> dict:
     """This process's part: the summary on the coordinator, {} on a worker."""
-    with process_group(cfg, resume) as ranks:
+    if resume:
+        raise ConfigError("--resume: ad-psgd on processes does not continue a run (its workers' state lives in "
+                          "their processes); train it again")
+    with process_group(cfg) as ranks:
         if dist.get_rank() == cfg.server_rank:
             return _coordinate(cfg, out, overwrite, lock, ranks)
         _work(cfg, ranks.index(dist.get_rank()), ranks)

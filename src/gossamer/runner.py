@@ -74,7 +74,7 @@ def run_training(cfg, out: Path, overwrite: bool, progress: bool = True, resume:
             raise ConfigError("a model or data given from Python trains on the simulator (engine sim)")
         return _run_training_dist(cfg, out, overwrite, progress, resume, lock)
     run = build_run(cfg, reference=reference_trajectory(cfg), data=data, model=model)
-    state = _resumed_state(cfg, run, out) if resume else None
+    state = resumed_state(cfg, run, out) if resume else None
     run_dir = RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None, lock=lock)
     return train_into(cfg, run, run_dir, out, progress, state)
 
@@ -84,7 +84,7 @@ def train_suite_run(cfg, run_out: Path) -> None:
     run_training(cfg, run_out, overwrite=True, progress=False)
 
 
-def _resumed_state(cfg, run, out: Path) -> dict:
+def resumed_state(cfg, run, out: Path) -> dict:
     """The checkpoint of the run in ``out``, written with its config.yaml's config; a finished run
     (its summary written) is refused."""
     state = load_checkpoint(out)
@@ -187,7 +187,7 @@ def _run_training_dist(cfg, out: Path, overwrite: bool, progress: bool, resume: 
     engine = build_engine(cfg, resolve_device(cfg.device))
     try:
         run = engine.agree(lambda: build_run(cfg, engine, reference=reference_trajectory(cfg)))
-        state = engine.agree(lambda: _resumed_state(cfg, run, out) if resume else None)
+        state = engine.agree(lambda: resumed_state(cfg, run, out) if resume else None)
         run_dir = engine.agree(lambda: RunDir(out, overwrite, cfg.logger, resume_step=state["step"] if resume else None,
                                               lock=lock) if engine.rank == 0 else None)
         return train_into(cfg, run, run_dir, out, progress and engine.rank == 0, state)

@@ -35,6 +35,11 @@ the replay naming it.
 ``{"gone": w}`` is recorded where the server learnt it, its round in flight is lost, and the
 others go on, and the rows measure the living from then on (the engine's ``alive``); the replay
 drops it at the same event. Only when every worker is gone does the run stop.
+
+**A resumed run** (the server died; ``--resume`` restores its checkpoint): every worker rejoins,
+``{"rejoin": w, "version": v, "count": k}``: it pulls θ, takes up its step count at the inner steps
+of its that were applied (k) and starts a fresh local optimizer; the replay does the same at the
+same event.
 """
 
 from __future__ import annotations
@@ -52,12 +57,12 @@ from ..outer import OuterStep
 from ..registry import ConfigError
 from .schedule import Schedule, Step, StepIO, Stepped
 
-PUSH, PULL, GONE = "push", "pull", "gone"
+PUSH, PULL, GONE, REJOIN = "push", "pull", "gone", "rejoin"
 
 
 class Event(NamedTuple):
-    """A push's arrival (worker w's g_w [1, d], its last step's loss and ‖∇f‖²), a pull of w, or
-    w gone (its process died: it is dropped)."""
+    """A push's arrival (worker w's g_w [1, d], its last step's loss and ‖∇f‖²), a pull of w, w
+    gone (its process died: it is dropped), or w rejoining a resumed run."""
 
     kind: str
     worker: int
@@ -72,6 +77,8 @@ class Events(Protocol):
     def next(self) -> Event: ...
 
     def pull(self, worker: int, theta: torch.Tensor, version: int) -> None: ...
+
+    def rejoin(self, worker: int, theta: torch.Tensor, version: int, count: int) -> None: ...
 
     def record(self, entry: dict) -> None: ...
 
@@ -118,6 +125,8 @@ class AsyncServer(ParameterServer):
     apply: object  # apply_push(outer, θ, g, staleness, t): the simulator's rule
     events: Events | None = None
     pushed_steps: int = 0  # inner steps pushed and applied
+    counts: list[int] = field(default_factory=list)  # each worker's inner steps pushed and applied
+    recorded: int = 0  # events recorded (the log's lines after its header, resumes aside)
     gone: int = 0  # workers dropped
     losses: torch.Tensor | None = None  # [n]
     grad_norms_sq: torch.Tensor | None = None  # [n]
@@ -129,7 +138,7 @@ class AsyncServer(ParameterServer):
         self.losses = torch.zeros(n, dtype=X.dtype, device=X.device)
         self.grad_norms_sq = torch.zeros(n, dtype=torch.float64)
         self.outer.start(self.theta)
-        self.versions, self.reported = [0] * n, [False] * n
+        self.versions, self.reported, self.counts = [0] * n, [False] * n, [0] * n
 
     def step(self, io: StepIO) -> Stepped:
         """The events up to the push that completes loop step t (module docstring)."""
@@ -139,6 +148,8 @@ class AsyncServer(ParameterServer):
                 self._arrive(io, event)
             elif event.kind == PULL:
                 self._pull(io, event.worker)
+            elif event.kind == REJOIN:
+                self._pull(io, event.worker, rejoin=True)
             else:
                 self._drop(io, event.worker)
         phi_sq = float(self.grad_norms_sq.mean())
@@ -155,9 +166,14 @@ class AsyncServer(ParameterServer):
         self.applied(staleness)
         self.pushes += 1
         self.pushed_steps += self.steps[w]
+        self.counts[w] += self.steps[w]
         self.losses[w], self.grad_norms_sq[w], self.reported[w] = event.loss, event.grad_norm_sq, True
         io.engine.server_message("push", row_bytes(io.X), w)
-        self.events.record({PUSH: w, "read": self.versions[w], "wrote": self.version})
+        self._record({PUSH: w, "read": self.versions[w], "wrote": self.version})
+
+    def _record(self, entry: dict) -> None:
+        self.recorded += 1
+        self.events.record(entry)
 
     def _drop(self, io: StepIO, w: int) -> None:
         """w is gone: the metrics are over the living from now on."""
@@ -165,25 +181,48 @@ class AsyncServer(ParameterServer):
         alive[w] = False
         io.engine.set_alive(alive)
         self.gone += 1
-        self.events.record({GONE: w})
+        self._record({GONE: w})
 
-    def _pull(self, io: StepIO, w: int) -> None:
+    def _pull(self, io: StepIO, w: int, rejoin: bool = False) -> None:
+        """w pulls θ; ``rejoin``: a worker of a resumed run, which also takes its step count (the
+        inner steps of its that were applied) and starts a fresh local optimizer."""
         self.anchor[w] = self.theta[0]
         self.versions[w] = self.version
         self.pulls += 1
         io.engine.server_message("pull", row_bytes(io.X), w)
-        self.events.record({PULL: w, "version": self.version})
+        if rejoin:  # alive again, if it had gone
+            if io.engine.alive is not None:
+                alive = io.engine.alive.copy()
+                alive[w] = True
+                io.engine.set_alive(alive)
+            self._record({REJOIN: w, "version": self.version, "count": self.counts[w]})
+            self.events.rejoin(w, self.theta, self.version, self.counts[w])
+            return
+        self._record({PULL: w, "version": self.version})
         self.events.pull(w, self.theta, self.version)
 
     def counters(self) -> dict:
         return {**super().counters(), "workers_gone": self.gone, **self.events.counters()}
 
     def state_dict(self) -> dict:
-        return {"version": self.version, "versions": list(self.versions), "pushed_steps": self.pushed_steps,
-                "pushes": self.pushes, "pulls": self.pulls, "gone": self.gone, "staleness_sum": self.staleness_sum,
-                "staleness_max": self.staleness_max, "reported": list(self.reported),
+        return {**{key: getattr(self, key) for key in COUNTERS}, "versions": list(self.versions),
+                "counts": list(self.counts), "reported": list(self.reported),
                 "grad_norms_sq": self.grad_norms_sq.tolist(), "outer": self.outer.state_dict(),
                 "rows": {"anchor": self.anchor, "losses": self.losses}, "theta": self.theta}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key in COUNTERS:
+            setattr(self, key, int(state[key]))
+        self.versions, self.counts = [int(v) for v in state["versions"]], [int(k) for k in state["counts"]]
+        self.reported = [bool(r) for r in state["reported"]]
+        self.grad_norms_sq = torch.tensor(state["grad_norms_sq"], dtype=torch.float64)
+        self.outer.load_state_dict(state["outer"])
+        self.theta.copy_(state["theta"])
+        for key, rows in state["rows"].items():
+            getattr(self, key).copy_(rows)
+
+
+COUNTERS = ("version", "pushed_steps", "recorded", "pushes", "pulls", "gone", "staleness_sum", "staleness_max")
 
 
 @dataclass
@@ -221,12 +260,15 @@ class Worker:
             self.count += 1
         return Event(PUSH, self.worker, self.anchor - workers.X, float(loss[0]), grad_norm_sq)
 
-    def pull(self, theta: torch.Tensor) -> None:
-        """x_w ← θ, θ_w ← θ (and, with inner_state reset, a fresh local optimizer)."""
+    def pull(self, theta: torch.Tensor, rejoin: int | None = None) -> None:
+        """x_w ← θ, θ_w ← θ (and, with inner_state reset, a fresh local optimizer); ``rejoin``: the
+        step count of a worker that rejoins a resumed run (its optimizer starts afresh)."""
         self.run.workers.X.copy_(theta)
         self.anchor.copy_(theta)
-        if self.reset:
+        if self.reset or rejoin is not None:
             self.run.optimizer.reset_(0)
+        if rejoin is not None:
+            self.count = rejoin
 
 
 class Replay:
@@ -244,10 +286,14 @@ class Replay:
         self.taken += 1
         if PUSH in entry:
             return self.workers[entry[PUSH]].round()
-        return Event(PULL, entry[PULL]) if PULL in entry else Event(GONE, entry[GONE])
+        kind = next(k for k in (PULL, GONE, REJOIN) if k in entry)
+        return Event(kind, entry[kind])
 
     def pull(self, worker: int, theta: torch.Tensor, version: int) -> None:
         self.workers[worker].pull(theta)
+
+    def rejoin(self, worker: int, theta: torch.Tensor, version: int, count: int) -> None:
+        self.workers[worker].pull(theta, rejoin=count)
 
     def record(self, entry: dict) -> None:
         logged = {k: v for k, v in self.entries[self.taken - 1].items() if k in entry}
