@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from .algorithms import ALGORITHMS
 from .algorithms.async_local import local_steps_of
-from .algorithms.async_server import GONE, PULL, PUSH, REJOIN, Event, Replay, Worker
+from .algorithms.async_server import GONE, KINDS, PULL, PUSH, REJOIN, Event, Replay, Worker
 from .checkpoint import config_differences
 from .engines import SimEngine
 from .engines.dist import agree, attempt_store, first_line
@@ -142,9 +142,9 @@ def cut_log(path: Path, events: int, step: int) -> None:
     lines, kept, taken = path.read_text().splitlines(), [], 0
     for line in lines:
         entry = json.loads(line)
-        if taken == events and any(k in entry for k in (PUSH, PULL, GONE, REJOIN, "end")):
+        if taken == events and (any(k in entry for k in KINDS) or "end" in entry):
             break
-        taken += any(k in entry for k in (PUSH, PULL, GONE, REJOIN))
+        taken += any(k in entry for k in KINDS)
         kept.append(line)
     kept.append(json.dumps({"resume": step}))
     write_atomic(path, lambda f: f.write("".join(line + "\n" for line in kept).encode()))
@@ -262,33 +262,22 @@ class Network:
             raise PeerLost(f"server (rank {dist.get_rank()}): every worker is gone, the last worker {w} (rank "
                            f"{self.ranks[w]}): {first_line(error)}; stopping", [self.ranks[w]])
 
-    def pull(self, w: int, theta: torch.Tensor, version: int) -> None:
+    def pull(self, w: int, theta: torch.Tensor, version: int, rejoin: int | None = None) -> None:
+        """[θ, v] to w (and, where it rejoins a resumed run, its step count), then await its push."""
         self.outbox[:-1] = theta[0]
         self.outbox[-1] = version
-        if self._send(w):
+        count = None if rejoin is None else torch.tensor([float(rejoin)], dtype=torch.float64)
+        if self._send(w, self.outbox) and (count is None or self._send(w, count)):
             self._listen(w)
 
-    def rejoin(self, w: int, theta: torch.Tensor, version: int, count: int) -> None:
-        """θ and w's step count to a worker of a resumed run."""
-        self.outbox[:-1] = theta[0]
-        self.outbox[-1] = version
-        if not self._send(w):
-            return
+    def _send(self, w: int, message: torch.Tensor) -> bool:
+        """``message`` to worker w; False (and w dropped) where its process died."""
         try:
-            dist.send(torch.tensor([float(count)], dtype=torch.float64), self.ranks[w])
-        except RuntimeError as e:
-            self._lose(w, e)
-            return
-        self._listen(w)
-
-    def _send(self, w: int) -> bool:
-        """The outbox to worker w; False (and w dropped) where its process died."""
-        try:
-            dist.send(self.outbox, self.ranks[w])
+            dist.send(message, self.ranks[w])
         except RuntimeError as e:
             self._lose(w, e)
             return False
-        self.wire["wire_bytes_sent"] += self.outbox.numel() * self.outbox.element_size()
+        self.wire["wire_bytes_sent"] += message.numel() * message.element_size()
         return True
 
     def record(self, entry: dict) -> None:
@@ -301,7 +290,7 @@ class Network:
         """Stop every worker: a waiting one at once, a computing one after its next (late) push."""
         self.outbox[-1] = STOP
         for w in [*self.waiting, *self.due]:
-            self._send(w)
+            self._send(w, self.outbox)
         while self.listening:
             try:
                 w, error = self._take(self.timeout)
@@ -311,7 +300,7 @@ class Network:
                                [self.ranks[w] for w in sorted(self.listening)]) from None
             if error is None:
                 self.wire["late_pushes"] += 1
-                self._send(w)
+                self._send(w, self.outbox)
         self.log.write(json.dumps({"end": True, **self.wire}) + "\n")
 
 
@@ -344,7 +333,7 @@ def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
     """The header and the events of the log in run directory ``path`` (:func:`log_lines`) that
     reach the run's last step (refused where the log ends before it)."""
     lines, where = log_lines(path, cfg), short(str(path))
-    events = [e for e in lines[1:] if any(k in e for k in (PUSH, PULL, GONE, REJOIN))]
+    events = [e for e in lines[1:] if any(k in e for k in KINDS)]
     steps, need = local_steps_of(cfg), cfg.workers * cfg.epochs * steps_per_epoch
     pushed = 0
     for number, e in enumerate(events, start=1):

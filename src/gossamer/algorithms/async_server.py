@@ -58,6 +58,7 @@ from ..registry import ConfigError
 from .schedule import Schedule, Step, StepIO, Stepped
 
 PUSH, PULL, GONE, REJOIN = "push", "pull", "gone", "rejoin"
+KINDS = (PUSH, PULL, GONE, REJOIN)  # an event log's lines that are events (not its header, resumes or end)
 
 
 class Event(NamedTuple):
@@ -76,9 +77,8 @@ class Events(Protocol):
 
     def next(self) -> Event: ...
 
-    def pull(self, worker: int, theta: torch.Tensor, version: int) -> None: ...
-
-    def rejoin(self, worker: int, theta: torch.Tensor, version: int, count: int) -> None: ...
+    def pull(self, worker: int, theta: torch.Tensor, version: int, rejoin: int | None = None) -> None:
+        """θ at version v to ``worker``; ``rejoin``: its step count, where it rejoins a resumed run."""
 
     def record(self, entry: dict) -> None: ...
 
@@ -190,16 +190,13 @@ class AsyncServer(ParameterServer):
         self.versions[w] = self.version
         self.pulls += 1
         io.engine.server_message("pull", row_bytes(io.X), w)
-        if rejoin:  # alive again, if it had gone
-            if io.engine.alive is not None:
-                alive = io.engine.alive.copy()
-                alive[w] = True
-                io.engine.set_alive(alive)
-            self._record({REJOIN: w, "version": self.version, "count": self.counts[w]})
-            self.events.rejoin(w, self.theta, self.version, self.counts[w])
-            return
-        self._record({PULL: w, "version": self.version})
-        self.events.pull(w, self.theta, self.version)
+        if rejoin and io.engine.alive is not None:  # alive again, if it had gone
+            alive = io.engine.alive.copy()
+            alive[w] = True
+            io.engine.set_alive(alive)
+        self._record({REJOIN: w, "version": self.version, "count": self.counts[w]} if rejoin else
+                     {PULL: w, "version": self.version})
+        self.events.pull(w, self.theta, self.version, self.counts[w] if rejoin else None)
 
     def counters(self) -> dict:
         return {**super().counters(), "workers_gone": self.gone, **self.events.counters()}
@@ -286,14 +283,11 @@ class Replay:
         self.taken += 1
         if PUSH in entry:
             return self.workers[entry[PUSH]].round()
-        kind = next(k for k in (PULL, GONE, REJOIN) if k in entry)
+        kind = next(k for k in KINDS if k in entry)
         return Event(kind, entry[kind])
 
-    def pull(self, worker: int, theta: torch.Tensor, version: int) -> None:
-        self.workers[worker].pull(theta)
-
-    def rejoin(self, worker: int, theta: torch.Tensor, version: int, count: int) -> None:
-        self.workers[worker].pull(theta, rejoin=count)
+    def pull(self, worker: int, theta: torch.Tensor, version: int, rejoin: int | None = None) -> None:
+        self.workers[worker].pull(theta, rejoin)
 
     def record(self, entry: dict) -> None:
         logged = {k: v for k, v in self.entries[self.taken - 1].items() if k in entry}
