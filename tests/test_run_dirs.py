@@ -571,3 +571,24 @@ def test_the_stop_names_the_signal_another_process_received(tmp_path):
         for t in threads:
             t.join(60)
     assert {r: (e.code, str(e).split(":")[0]) for r, e in errors.items()} == {0: (130, "SIGINT"), 1: (130, "SIGINT")}
+
+
+def test_a_run_without_checkpoints_that_replaces_another_takes_its_place_when_published(tmp_path):
+    """AD-PSGD's coordinator writes no checkpoint: with --overwrite its files stay staged until
+    ``publish``; unpublished (a failure) the old run stays, published the new one replaces it."""
+    RunDir = rundir.RunDir
+    old = RunDir(tmp_path, logger="none", extra=("models.pt",))
+    old.write_summary({"run": "old"})
+    old.checkpoint({"old": True})
+    old.close()
+    failed = RunDir(tmp_path, overwrite=True, logger="none", extra=("models.pt",))
+    failed.write_summary({"run": "failed"})
+    failed.close()
+    assert rundir.read_summary(tmp_path) == {"run": "old"}
+    new = RunDir(tmp_path, overwrite=True, logger="none", extra=("models.pt",))
+    (new.dir / "models.pt").write_bytes(b"new")
+    new.write_summary({"run": "new"})
+    new.publish()
+    new.close()
+    assert rundir.read_summary(tmp_path) == {"run": "new"}
+    assert (tmp_path / "models.pt").read_bytes() == b"new" and not (tmp_path / "checkpoint.pt").exists()

@@ -221,6 +221,7 @@ def _coordinate(cfg, out: Path, overwrite: bool, lock: RunLock | None, ranks: li
                    "parameters": X.shape[1],
                    "wall_seconds": time.perf_counter() - start}
         run_dir.write_summary(summary)
+        run_dir.publish()  # it writes no checkpoint: a run that replaces another one takes its place here
         return summary
     finally:
         run_dir.close()

@@ -317,6 +317,11 @@ class RunDir:
         with self._os_errors("cannot write checkpoint.pt"):
             write_atomic(self.dir / "checkpoint.pt", lambda f: save(state, f))
         self.checkpoints += 1
+        self.publish()
+
+    def publish(self) -> None:
+        """A run that replaces another one takes its place now (its first regular checkpoint, or
+        the end of a run that writes none: AD-PSGD's coordinator); nothing where it does not."""
         if self.replacing:
             with self._os_errors("cannot replace the old run's files"), _signals_deferred():
                 swap_in(self.path, self._replaced)
