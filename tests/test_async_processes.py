@@ -191,6 +191,11 @@ def test_ad_psgd_on_processes_is_replayed_bit_for_bit(processes_run, tmp_path, c
         assert e["k"] == count[e["i"]]
         count[e["i"]] += 1
     assert {e["j"] is None for e in events} == {True, False}
+    pairs, d = sum(e["j"] is not None for e in events), read_summary(run)["parameters"]
+    # what every process handed dist.send: two models a pair; a request, a done, a grant (3, 3, 1 values) an
+    # event; a notice a pair; each of the 3 workers' last request, its stop grant and its stop notice
+    control = len(events) * 7 + pairs + 3 * (3 + 1 + 1)
+    assert read_summary(run)["wire_bytes_sent"] == 8 * (2 * d * pairs + control)
     assert main(["train", "--quiet", "--replay", str(run), "--out", str(tmp_path / "replay")]) == 0
     processes = torch.load(run / "models.pt", weights_only=True)
     assert torch.equal(load_checkpoint(tmp_path / "replay")["rows"]["X"], processes)

@@ -9,7 +9,10 @@ Messages, point to point over gloo, each on its own tag:
 - coordinator → the passive worker's thread (``PASSIVE``): [i] average with i, [−1] stop;
 - i → j (``MODEL``) and j → i (``REPLY``): the models x_i, x_j (d values each), both taken before
   either averages;
-- worker → coordinator (``FINAL``): its model when the run ends.
+- worker → coordinator (``FINAL``): its model when the run ends, then the bytes it sent.
+
+Every process counts the bytes it hands ``dist.send``; the summary's ``wire_bytes_sent`` is their
+sum (the coordinator's and every worker's, the final models and counts left out).
 
 The coordinator grants the first n·T requests (T loop steps of n events) and answers the rest
 with a stop; then it stops the passive threads, collects the final models and writes the run
@@ -73,42 +76,53 @@ def _work(cfg, w: int, ranks: list[int]) -> None:
     """Worker w: its gradients and events (main thread), its passive averages (a thread)."""
     me = pair_worker(agree(lambda: one_row_run(cfg, w), gather_errors), w, sleeps=True)
     coordinator, guard = cfg.server_rank, threading.Lock()
+    sent, failed = [0, 0], []  # bytes sent by the main thread and by the passive one; a failure of the latter
+
+    def send(tensor: torch.Tensor, dst: int, tag: int, by: int) -> None:
+        dist.send(tensor, dst, tag=tag)
+        sent[by] += tensor.numel() * tensor.element_size()
 
     def passive() -> None:
         notice = torch.empty(1, dtype=torch.float64)
         theirs = torch.empty_like(me.model)
-        while True:
-            dist.recv(notice, coordinator, tag=PASSIVE)
-            if notice[0] == STOP:
-                return
-            peer = ranks[int(notice[0])]
-            with guard:
-                dist.recv(theirs, peer, tag=MODEL)
-                dist.send(me.model.contiguous(), peer, tag=REPLY)
-                average_(me.model, theirs)
+        try:
+            while True:
+                dist.recv(notice, coordinator, tag=PASSIVE)
+                if notice[0] == STOP:
+                    return
+                peer = ranks[int(notice[0])]
+                with guard:
+                    dist.recv(theirs, peer, tag=MODEL)
+                    send(me.model.contiguous(), peer, REPLY, by=1)
+                    average_(me.model, theirs)
+        except RuntimeError as e:  # a peer died: the main thread tells it, in one line
+            failed.append(e)
 
     thread = threading.Thread(target=passive, name="passive averages", daemon=True)
     thread.start()
     message, grant = torch.zeros(3, dtype=torch.float64), torch.empty(1, dtype=torch.float64)
     theirs = torch.empty_like(me.model)
     try:
-        while True:
+        while not failed:
             me.compute()
             j = me.partner()
             message[:] = torch.tensor([0.0, -1.0 if j is None else j, me.count])
-            dist.send(message, coordinator, tag=REQUEST)
+            send(message, coordinator, REQUEST, by=0)
             dist.recv(grant, coordinator, tag=GRANT)
             if grant[0] == STOP:
                 break
             with guard:
                 if j is not None:
-                    dist.send(me.model.contiguous(), ranks[j], tag=MODEL)
+                    send(me.model.contiguous(), ranks[j], MODEL, by=0)
                     dist.recv(theirs, ranks[j], tag=REPLY)
                 me.event(None if j is None else theirs)
             message[:] = torch.tensor([1.0, 0.0, 0.0])
-            dist.send(message, coordinator, tag=REQUEST)
+            send(message, coordinator, REQUEST, by=0)
         thread.join()
+        if failed:
+            raise failed[0]
         dist.send(me.model.contiguous(), coordinator, tag=FINAL)
+        dist.send(torch.tensor([float(sum(sent))], dtype=torch.float64), coordinator, tag=FINAL)
     except RuntimeError as e:
         raise _lost(f"a peer of worker {w}", e, []) from None
 
@@ -123,6 +137,7 @@ class Coordinator:
         self.waiting: deque[tuple[int, int | None, int]] = deque()
         self.stopped: set[int] = set()
         self.granted = self.pairs = 0  # events, and those with a pair average
+        self.sent = 0  # bytes the coordinator sent
         self.arrivals: queue.Queue = queue.Queue()
         self.started = time.perf_counter()
         for w in range(n):
@@ -182,22 +197,27 @@ class Coordinator:
                 self._listen(i)
 
     def _send(self, w: int, value: float, tag: int) -> None:
+        message = torch.tensor([float(value)], dtype=torch.float64)
         try:
-            dist.send(torch.tensor([float(value)], dtype=torch.float64), self.ranks[w], tag=tag)
+            dist.send(message, self.ranks[w], tag=tag)
         except RuntimeError as e:
             raise _lost(f"worker {w} (rank {self.ranks[w]})", e, [self.ranks[w]]) from None
+        self.sent += message.numel() * message.element_size()
 
-    def finish(self, like: torch.Tensor) -> torch.Tensor:
-        """Stop the passive threads; the final models [n, d]."""
+    def finish(self, like: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Stop the passive threads; the final models [n, d] and the bytes every process sent."""
         for w in range(len(self.ranks)):
             self._send(w, STOP, PASSIVE)
         models = torch.empty(len(self.ranks), *like.shape[1:], dtype=like.dtype)
+        sent, count = self.sent, torch.empty(1, dtype=torch.float64)
         for w, r in enumerate(self.ranks):
             try:
                 dist.recv(models[w : w + 1], r, tag=FINAL)
+                dist.recv(count, r, tag=FINAL)
             except RuntimeError as e:
                 raise _lost(f"worker {w} (rank {r})", e, [r]) from None
-        return models
+            sent += int(count[0])
+        return models, sent
 
 
 def _coordinate(cfg, out: Path, overwrite: bool, lock: RunLock | None, ranks: list[int]) -> dict:
@@ -214,10 +234,12 @@ def _coordinate(cfg, out: Path, overwrite: bool, lock: RunLock | None, ranks: li
             coordinator = Coordinator(cfg, ranks, cfg.workers * total, log)
             coordinator.run()
         X = run.workers.X
-        X.copy_(coordinator.finish(X).to(X.device))
+        models, sent = coordinator.finish(X)
+        X.copy_(models.to(X.device))
         torch.save(X.cpu(), run_dir.dir / MODELS)
         summary = {**evaluate(run, total - 1), "final_consensus_distance_sq": run.engine.consensus_distance_sq(X),
-                   "events": coordinator.granted, "comm_rounds": coordinator.pairs, "steps": total,
+                   "events": coordinator.granted, "comm_rounds": coordinator.pairs, "wire_bytes_sent": sent,
+                   "steps": total,
                    "parameters": X.shape[1],
                    "wall_seconds": time.perf_counter() - start}
         run_dir.write_summary(summary)
