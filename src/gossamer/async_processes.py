@@ -40,6 +40,7 @@ from .algorithms import ALGORITHMS
 from .algorithms.async_local import local_steps_of
 from .algorithms.async_server import GONE, KINDS, PULL, PUSH, REJOIN, Event, Replay, Worker
 from .checkpoint import config_differences
+from .data import Dataset, load_dataset
 from .engines import SimEngine
 from .engines.dist import agree, attempt_store, first_line
 from .engines.failures import PeerLost
@@ -67,9 +68,10 @@ def worker(run: Run, w: int, sleeps: bool) -> Worker:
                   Speeds.of(cfg) if sleeps else None, cfg.inner_state == "reset")
 
 
-def one_row_run(cfg, w: int) -> Run:
-    """Worker w's own run: its model, local optimizer and batches, on an engine holding its row."""
-    return build_run(cfg, SimEngine(cfg.workers, rows=range(w, w + 1)))
+def one_row_run(cfg, w: int, data: Dataset | None = None) -> Run:
+    """Worker w's own run: its model, local optimizer and batches, on an engine holding its row
+    (``data``: the data set as loaded, for a replay that builds every worker's; default: load it)."""
+    return build_run(cfg, SimEngine(cfg.workers, rows=range(w, w + 1)), data=data)
 
 
 def run_processes(cfg, out: Path, overwrite: bool, progress: bool, resume: bool, lock: RunLock | None) -> dict:
@@ -347,9 +349,10 @@ def read_log(path: Path, cfg, steps_per_epoch: int) -> tuple[dict, list[dict]]:
 
 def replay(cfg, source: Path, out: Path, overwrite: bool, progress: bool) -> dict:
     """Train ``cfg`` in this process on the events logged in run directory ``source`` into ``out``."""
-    run = build_run(cfg, SimEngine(cfg.workers))
+    data = load_dataset(cfg)  # once: the server's run and every worker's are built from it
+    run = build_run(cfg, SimEngine(cfg.workers), data=data)
     header, events = read_log(source, cfg, run.steps_per_epoch)
-    workers = [worker(one_row_run(cfg, w), w, sleeps=False) for w in range(cfg.workers)]
+    workers = [worker(one_row_run(cfg, w, data), w, sleeps=False) for w in range(cfg.workers)]
     run.schedule.events = Replay(events, workers, short(str(source)))
     with threads_of(header):
         return train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)

@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from .algorithms.pair_events import PairReplay, PairWorker, average_
 from .async_processes import LOG, LOG_FORMAT, gather_errors, log_lines, one_row_run, process_group, threads_of
+from .data import load_dataset
 from .engines import SimEngine
 from .engines.dist import agree, first_line
 from .engines.failures import PeerLost
@@ -253,12 +254,13 @@ def replay_pairs(cfg, source: Path, out: Path, overwrite: bool, progress: bool) 
     """Train ``cfg`` in this process on the events logged in run directory ``source`` into ``out``:
     the rows, and the final models, which must equal the processes' (``models.pt``)."""
     lines, where = log_lines(source, cfg), short(str(source))
-    run = build_run(cfg, SimEngine(cfg.workers))
+    data = load_dataset(cfg)  # once: the run and every worker's are built from it
+    run = build_run(cfg, SimEngine(cfg.workers), data=data)
     events = [e for e in lines[1:] if "event" in e]
     if len(events) < cfg.workers * cfg.epochs * run.steps_per_epoch:
         raise ConfigError(f"--replay '{where}': the event log ends after event {len(events)} of the "
                           f"{cfg.workers * cfg.epochs * run.steps_per_epoch} the run takes: the run stopped early")
-    workers = [pair_worker(one_row_run(cfg, w), w, sleeps=False) for w in range(cfg.workers)]
+    workers = [pair_worker(one_row_run(cfg, w, data), w, sleeps=False) for w in range(cfg.workers)]
     run.schedule = PairReplay(workers, events, where)
     with threads_of(lines[0]):
         summary = train_into(cfg, run, RunDir(out, overwrite, cfg.logger), out, progress, None)
