@@ -18,7 +18,9 @@ of its own, with the processes' intra-op threads (the header's ``threads``: a su
 the threads that share it); the rows equal the processes' bit for bit.
 
 A run whose server died continues with ``--resume`` on new processes (:func:`cut_log`: the log
-back to the server's checkpoint, then every worker rejoins).
+back to the server's checkpoint, then every worker rejoins). SIGINT or SIGTERM (torchrun sends
+it to every process) stops the server after a step with a checkpoint, as any run; a worker waits
+for the server's stop (a second signal interrupts it at once).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from .engines.failures import PeerLost
 from .network import Speeds
 from .registry import ConfigError, short
 from .rundir import RunDir, RunLock, write_atomic
-from .runner import resumed_state, train_into
+from .runner import resumed_state, stop_on_signals, train_into
 from .train import Batches, Run, build_run, lr_at
 
 LOG = "events.jsonl"
@@ -79,7 +81,8 @@ def run_processes(cfg, out: Path, overwrite: bool, progress: bool, resume: bool,
     with process_group(cfg) as ranks:
         if dist.get_rank() == cfg.server_rank:
             return _serve(cfg, out, overwrite, progress, lock, ranks, resume)
-        _work(cfg, ranks.index(dist.get_rank()), resume)
+        with stop_on_signals():  # a signal stops the server after a step, and the server its workers
+            _work(cfg, ranks.index(dist.get_rank()), resume)
         return {}
 
 

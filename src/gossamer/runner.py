@@ -40,7 +40,7 @@ class Finished(ConfigError):
 
 
 @contextlib.contextmanager
-def _stop_on_signals():
+def stop_on_signals():
     """Within the block, SIGINT and SIGTERM only record themselves (in ``received``): the loop
     finishes its step, checkpoints and stops. A second signal interrupts at once."""
     received: list[int] = []
@@ -122,7 +122,7 @@ def train_into(cfg, run, run_dir: RunDir | None, out: Path, progress: bool, stat
         if state is not None and state["step"] == cfg.epochs * run.steps_per_epoch:
             summary = _final_summary(cfg, run, state, out)
         else:
-            with _stop_on_signals() as received:
+            with stop_on_signals() as received:
                 summary = train(cfg, run, on_row=run_dir.row if run_dir else lambda row: None,
                                 on_checkpoint=checkpoint, progress=progress, resume=state,
                                 stop=_agreed_stop(run.engine, received, signals))
