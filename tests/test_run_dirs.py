@@ -564,7 +564,7 @@ def test_the_stop_names_the_signal_another_process_received(tmp_path):
             errors[r] = e
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(runner, "_stop_on_signals", lambda: contextlib.nullcontext(received[threading.current_thread().name]))
+        m.setattr(runner, "stop_on_signals", lambda: contextlib.nullcontext(received[threading.current_thread().name]))
         threads = [threading.Thread(target=rank, args=(r,), name=str(r)) for r in range(2)]
         for t in threads:
             t.start()
