@@ -25,6 +25,7 @@ import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -192,7 +193,7 @@ def load_installed(warn=lambda line: print(f"gossamer: warning: {line}", file=sy
     One whose names a plugin given by path already took (a working copy of the installed one) is
     skipped with a ``warn`` line; one that fails to import is one line naming its package."""
     records = []
-    for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
+    for point in announced():
         module = point.value.split(":")[0]
         package = f"{point.dist.name} {point.dist.version}" if point.dist is not None else "unknown package"
         try:
@@ -202,6 +203,26 @@ def load_installed(warn=lambda line: print(f"gossamer: warning: {line}", file=sy
         except ConfigError as e:
             raise ConfigError(f"installed {e} (package {package}; uninstall or fix it)") from None
     return records
+
+
+def announced() -> tuple[importlib.metadata.EntryPoint, ...]:
+    """The ``gossamer.plugins`` entry points of the installed packages. Reading them reads every
+    installed package's metadata (milliseconds, and a process loads many configs), so they are read
+    again only when ``sys.path`` or the modification time of one of its folders changed, as
+    installing or removing a package changes its folder's."""
+    return _entry_points(tuple((folder, _modified(folder)) for folder in sys.path))
+
+
+def _modified(folder: str) -> int | None:
+    try:
+        return os.stat(folder or ".").st_mtime_ns
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=1)
+def _entry_points(_folders: tuple) -> tuple[importlib.metadata.EntryPoint, ...]:
+    return tuple(importlib.metadata.entry_points(group=ENTRY_POINTS))
 
 
 def _import(source: str) -> ModuleType:
