@@ -28,7 +28,6 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-import networkx as nx
 import numpy as np
 import torch
 
@@ -226,6 +225,8 @@ def repair(mixing: Mixing, alive: np.ndarray, per_round: bool) -> Mixing:
         weight = np.where(used, mixing.weight, 0.0)
         weight[0] += 1.0 - weight.sum(0)
         return Mixing(mixing.index, weight)
+    import networkx as nx
+
     graph = nx.Graph()
     graph.add_nodes_from(range(mixing.n))
     graph.add_edges_from(zip(rows[used].tolist(), mixing.index[used].tolist()))

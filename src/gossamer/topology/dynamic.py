@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import math
 
-import networkx as nx
 import numpy as np
 
 from ..registry import short
@@ -81,6 +80,8 @@ def _random_matching(n: int, arg: str | None, seed: int) -> RandomRounds:
 def _regular(n: int, s: int, rng: np.random.Generator) -> Mixing:
     """A random S-regular graph (networkx's pairing sampler), its workers relabelled by a uniform
     permutation: the law of W_t is then exactly invariant under relabelling."""
+    import networkx as nx
+
     graph = nx.random_regular_graph(s, n, seed=int(rng.integers(2**32)))
     labels = rng.permutation(n)
     graph = nx.relabel_nodes(graph, {v: int(labels[v]) for v in range(n)})

@@ -4,21 +4,24 @@ graph from an edge list (``edges:FILE``: Metropolis–Hastings or push-sum weigh
 its builder ``(n, param, seed) → Mixing`` (or a tuple of them: a period) in
 :data:`~gossamer.topology.mixing.TOPOLOGIES`, with its memory ``size``.
 
-Pure numpy + networkx; no torch.
+Pure numpy + networkx (imported inside the functions that build graphs: it would be a third of the
+command line's start after torch's); no torch.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import networkx as nx
 import numpy as np
 
 from ..registry import short
 from ..rng import stream_seed
 from .mixing import TOPOLOGIES, Mixing, TopologyError, circulant, from_rows, identity, parse_int, regular_degree
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _MAX_TRIES = 100
 
@@ -165,6 +168,8 @@ def _random_regular_size(n: int, param: str | None) -> tuple[float, float, int]:
 @TOPOLOGIES.register("random-regular", spec="random-regular[:D]", takes="optional",
                      help="random D-regular graph (default 4), Metropolis–Hastings weights", size=_random_regular_size)
 def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
+    import networkx as nx
+
     name = "random-regular"
     d = regular_degree(name, arg, 4, "D", n)
     return _first_connected(lambda s: nx.random_regular_graph(d, n, seed=s), f"{name}:{d}", n, seed, "D")
@@ -173,6 +178,8 @@ def _random_regular(n: int, arg: str | None, seed: int) -> Mixing:
 def _first_connected(draw, spec: str, n: int, seed: int, knob: str) -> Mixing:
     """Metropolis–Hastings weights of the first connected graph draw(s) of the seeds s of attempts
     0, 1, ... of the ``graph`` stream."""
+    import networkx as nx
+
     for attempt in range(_MAX_TRIES):
         g = draw(stream_seed("graph", seed, attempt))
         if nx.is_connected(g):
@@ -193,6 +200,8 @@ def _erdos_renyi_size(n: int, param: str | None) -> tuple[float, float, int]:
                      size=_erdos_renyi_size)
 def _erdos_renyi(n: int, arg: str | None, seed: int) -> Mixing:
     q = _edge_probability(arg)
+    import networkx as nx
+
     return _first_connected(lambda s: nx.erdos_renyi_graph(n, q, seed=s), f"erdos-renyi:{q}", n, seed, "Q")
 
 
@@ -224,6 +233,8 @@ def _edges(n: int, path: str, seed: int) -> Mixing:
     count once. Without directed edges the graph must be connected and gets Metropolis–Hastings
     weights; with them it gets push-sum weights (:func:`_push_sum`), column-stochastic.
     """
+    import networkx as nx
+
     name = "edges"
     if not os.path.isfile(path):
         raise TopologyError(f"topology '{name}': edge file '{short(path)}' not found")
