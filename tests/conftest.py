@@ -188,3 +188,9 @@ def write_cifar(root, train: int = 200, test: int = 60, cifar100: bool = False, 
         (root / folder / name).write_bytes(np.concatenate([*label_bytes, pixels], axis=1).tobytes())
     return root
 
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that launch processes first (in their order): under xdist their launches then run
+    beside the other worker's in-process tests, instead of alone at the end of the run."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -87,6 +87,7 @@ def events_of(run: Path) -> tuple[dict, list[dict]]:
     return lines[0], lines[1:]
 
 
+@pytest.mark.slow
 def test_a_run_of_processes_is_replayed_bit_for_bit(processes_run, tmp_path):
     """Pushes in their real order, a slow worker, a grace window, a worker killed, then the server,
     the run resumed with every worker rejoining: the replay's rows are the processes' to the last bit."""
@@ -179,6 +180,7 @@ def test_event_logs_that_are_not_this_runs_are_refused(tmp_path, capsys, monkeyp
     assert not Path(out).exists()
 
 
+@pytest.mark.slow
 def test_ad_psgd_on_processes_is_replayed_bit_for_bit(processes_run, tmp_path, capsys):
     """The pairs the coordinator granted, in its order: the replay's final models are the processes'
     to the bit, and a log with one pair changed is refused."""

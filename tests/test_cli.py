@@ -324,7 +324,11 @@ def test_ctrl_c_at_any_point_is_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(cli.plugins, "load", interrupted)
     assert main(["train", "--quiet"]) == 130
     assert capsys.readouterr().err == "gossamer: error: interrupted\n" * 2
-    monkeypatch.undo()
+
+
+@pytest.mark.lifecycle
+def test_ctrl_c_to_a_real_process_at_any_point_is_one_line(tmp_path):
+    """The same from outside, at three moments of a real process's start."""
     # the interrupt at the command's first line, whatever the machine's speed: sent while the child holds
     # SIGINT blocked (a mask it inherits), it lands when main() unblocks it after its guard is in place
     # (issue 45, item 21: a traceback under load, the interrupt landing in an import before the guard);

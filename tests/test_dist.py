@@ -157,7 +157,7 @@ def test_bad_input_fails_alike_on_every_rank_and_rank_0_says_it_once(tmp_path, c
 # ---------------------------------------------------------------- failures: never a hang
 
 
-@pytest.mark.slow
+@pytest.mark.lifecycle
 @pytest.mark.parametrize("how, lost, algorithm", [
     ("killed", 0, ["algorithm=diloco", "local_steps=3", "outer_overlap=delayed"]),  # an all-reduce in flight
     ("stopped", 1, ["algorithm=gossip"])])
@@ -197,7 +197,7 @@ def test_a_lost_process_stops_the_others_naming_it(tmp_path, how, lost, algorith
 # ---------------------------------------------------------------- stop and resume
 
 
-@pytest.mark.slow
+@pytest.mark.lifecycle
 def test_a_signal_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(tmp_path):
     from test_durable import assert_same_run
 
@@ -216,7 +216,7 @@ def test_a_signal_on_one_rank_stops_all_at_the_same_step_and_resume_is_exact(tmp
 
 
 
-@pytest.mark.slow
+@pytest.mark.lifecycle
 def test_a_rank_killed_under_torchrun_max_restarts_resumes_and_a_checkpoint_resumes_on_other_process_counts(tmp_path):
     """Elastic restarts: rank 1 killed by SIGKILL mid-run, torchrun --max-restarts 1 restarts both
     ranks, --resume-if-exists continues from the last checkpoint: the straight run's summary. Then

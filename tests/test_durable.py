@@ -139,7 +139,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
+@pytest.mark.lifecycle
 def test_sigkill_loses_at_most_the_rows_since_the_last_checkpoint(tmp_path):
     """A real process, killed with SIGKILL mid-run (after the row of step 14, the last checkpoint at
     step 12), resumes to the uninterrupted run's files. Event-driven: the process says when."""

@@ -71,6 +71,7 @@ def test_a_non_empty_out_is_not_overwritten(tmp_path, capsys):
     assert "is not empty; pass --overwrite" in capsys.readouterr().err and (out / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_plugins_algorithm_trains_in_worker_processes(tmp_path, capsys):
     """The worker processes import the plugin the configs record before reading them: the plugin's
     own option (drop_rate, of its options class) arrives, and each run is its standalone run."""
@@ -163,6 +164,7 @@ def _wait(condition, seconds: float = 60.0) -> bool:
     return False
 
 
+@pytest.mark.lifecycle
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGKILL"])
 def test_a_stopped_parent_leaves_no_worker_behind(tmp_path, signal_name):

@@ -250,6 +250,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.lifecycle
 @pytest.mark.parametrize("kill_at, done", [(2, "restored"), (8, "finished")])
 def test_a_process_killed_inside_the_swap_leaves_a_folder_the_next_start_repairs(tmp_path, capsys, finished,
                                                                                kill_at, done):
