@@ -36,9 +36,9 @@ PAIRS = ["algorithm=ad-psgd", "engine=dist", "workers=3", "topology=random-match
          "server_rank=3", "dist_timeout=30"]
 
 
-def roles() -> tuple[int, int, int]:
+def roles(config: list[str] = PROCESSES) -> tuple[int, int, int]:
     """(the slow worker, the fast one that lives, the fast one the test kills)."""
-    slow = int(Speeds.of(load_config(None, PROCESSES)).slow.argmax())
+    slow = int(Speeds.of(load_config(None, config)).slow.argmax())
     fast = [w for w in range(3) if w != slow]
     return slow, fast[0], fast[1]
 
@@ -56,7 +56,8 @@ def kill_when(proc, ready, seconds: float = 90) -> None:
 @pytest.fixture(scope="module")
 def processes_run(tmp_path_factory) -> Path:
     """The run: one fast worker SIGKILLed after its second push, later the server (after a
-    checkpoint), then the run resumed on 4 new processes, the killed worker rejoining."""
+    checkpoint), then the run resumed on 4 new processes, the killed worker rejoining; the same
+    processes then run AD-PSGD twice, a fast worker SIGKILLed after 30 events of the second."""
     out = tmp_path_factory.mktemp("async") / "run"
     procs = spawn(4, ["-m", "gossamer", "train", "--quiet", "--out", str(out), *sets(PROCESSES)], cwd=ROOT)
     victim = roles()[2]
@@ -72,13 +73,18 @@ def processes_run(tmp_path_factory) -> Path:
                                                 for r in range(4)], [err[-2000:] for _, _, err in results]
     assert all(f"lost the server (rank {SERVER_RANK})" in err for r, (_, _, err) in enumerate(results)
                if r not in (rank, SERVER_RANK))
-    pairs = out.parent / "pairs"  # the same 4 processes then run AD-PSGD: one launch less
+    pairs, killed = out.parent / "pairs", out.parent / "pairs-killed"  # the same 4 processes: one launch less
     script = (f"import sys; from gossamer.cli import main; sys.exit(main(['train', '--quiet', '--resume', {str(out)!r}])"
-              f" or main(['train', '--quiet', '--out', {str(pairs)!r}, *{sets(PAIRS)!r}]))")
-    results = finish(spawn(4, ["-c", script], cwd=ROOT), 120)
-    for code, _, err in results:
-        assert code == 0, err[-3000:]
-    assert [o.count("run written to") for _, o, _ in results] == [0, 1, 0, 1]  # the server's, the coordinator's
+              f" or main(['train', '--quiet', '--out', {str(pairs)!r}, *{sets(PAIRS)!r}])"
+              f" or main(['train', '--quiet', '--out', {str(killed)!r}, *{sets(PAIRS + ['epochs=8'])!r}]))")
+    procs = spawn(4, ["-c", script], cwd=ROOT)
+    victim = roles(PAIRS)[2]  # ranks 0-2 are workers 0-2
+    kill_when(procs[victim], lambda: (killed / LOG).is_file() and (killed / LOG).read_text().count('"event"') >= 30)
+    results = finish(procs, 120)
+    assert [code for code, _, _ in results] == [-signal.SIGKILL if r == victim else 0 for r in range(4)], \
+        [err[-3000:] for _, _, err in results]
+    written = {r: o.count("run written to") for r, (_, o, _) in enumerate(results) if r != victim}
+    assert written == {r: {SERVER_RANK: 1, 3: 2}.get(r, 0) for r in written}  # the server's, the coordinator's two
     return out
 
 
@@ -194,9 +200,10 @@ def test_ad_psgd_on_processes_is_replayed_bit_for_bit(processes_run, tmp_path, c
         count[e["i"]] += 1
     assert {e["j"] is None for e in events} == {True, False}
     pairs, d = sum(e["j"] is not None for e in events), read_summary(run)["parameters"]
-    # what every process handed dist.send: two models a pair; a request, a done, a grant (3, 3, 1 values) an
-    # event; a notice a pair; each of the 3 workers' last request, its stop grant and its stop notice
-    control = len(events) * 7 + pairs + 3 * (3 + 1 + 1)
+    # what every process handed dist.send: two models a pair; a request, a done, a grant (3, 3, 2 values) an
+    # event; a notice (2) a pair; each of the 3 workers' last request, its stop grant and stop notice, and its
+    # passive thread's stop report (3, 2, 2, 1)
+    control = len(events) * 8 + 2 * pairs + 3 * (3 + 2 + 2 + 1)
     assert read_summary(run)["wire_bytes_sent"] == 8 * (2 * d * pairs + control)
     assert main(["train", "--quiet", "--replay", str(run), "--out", str(tmp_path / "replay")]) == 0
     processes = torch.load(run / "models.pt", weights_only=True)
@@ -210,3 +217,31 @@ def test_ad_psgd_on_processes_is_replayed_bit_for_bit(processes_run, tmp_path, c
                    "the replay's final models differ from the processes' (models.pt)")
     one_line_error(capsys, ["train", "--quiet", "--resume", str(run)], "--resume: ad-psgd on processes does not "
                    "continue a run")
+
+
+@pytest.mark.slow
+def test_an_ad_psgd_worker_that_dies_is_dropped_and_the_replay_follows(processes_run, tmp_path):
+    """A fast worker SIGKILLed after 30 events (of 312, so that the kill lands mid-run): the
+    coordinator logs it gone, grants the pairs drawn with it from then on without a partner, and
+    the run ends with the living; the replay (the cut sides of pairs kept apart) gives the living
+    workers' final models to the bit, and measures the living from the gone line on."""
+    run = processes_run.parent / "pairs-killed"
+    victim = roles(PAIRS)[2]
+    header, lines = events_of(run)
+    events = [e for e in lines if "event" in e]
+    [gone] = [e for e in lines if "gone" in e]
+    assert gone["gone"] == victim and 30 <= gone["after"] < len(events) == 3 * read_summary(run)["steps"]
+    after = events[gone["after"]:]
+    assert all(e["i"] != victim and e["j"] != victim for e in after)
+    assert any(e.get("lost") == victim and e["j"] is None for e in after)
+    assert all(c["worker"] != victim and events[c["cut"]]["event"] == c["cut"] for c in lines if "cut" in c)
+    summary = read_summary(run)
+    assert summary["workers_gone"] == 1 and summary["events"] == len(events)
+    processes = torch.load(run / "models.pt", weights_only=True)
+    living = [w for w in range(3) if w != victim]
+    assert processes[victim].isnan().all() and processes[living].isfinite().all()
+    assert main(["train", "--quiet", "--replay", str(run), "--out", str(tmp_path / "replay")]) == 0
+    assert torch.equal(load_checkpoint(tmp_path / "replay")["rows"]["X"][living], processes[living])
+    replayed = read_summary(tmp_path / "replay")
+    assert replayed["final_consensus_distance_sq"] == pytest.approx(summary["final_consensus_distance_sq"], rel=1e-12)
+    assert replayed["test_accuracy"] == summary["test_accuracy"]

@@ -25,6 +25,14 @@ the exchange's τ, so there a passive average inside (f_i, f_i + τ) reaches it)
 metrics, Ξ²); the rows come from the replay, which holds every model at every event: a loop step
 is n events, in the log's order (the simulator's definition), and its final models equal the
 processes' bit for bit.
+
+**Deaths.** A side of a pair that the log says was cut (its peer lost mid-exchange) keeps its
+model; the other side averages unless cut too. A gone worker's row leaves the metrics at its gone
+line (the engine's ``alive``); until then the replay holds the log's account of its model (what a
+worker lost later computed after an exchange it was cut from is not in the log, and not read: a
+survivor averaged only with models sent before). A pair cut on either side moved models partly,
+and how much is not in the log: its exchange is not counted in the rows' bytes (the processes'
+``wire_bytes_sent`` counts what each process that finished handed ``dist.send``).
 """
 
 from __future__ import annotations
@@ -94,11 +102,15 @@ class PairWorker:
 @dataclass
 class PairReplay(Schedule):
     """The events of a log (``entries``: {"event": s, "i": i, "j": j or None, "k": k}) applied by
-    ``workers`` in order, n a loop step; X holds each worker's x_i after the step."""
+    ``workers`` in order, n a loop step, less the sides ``cuts`` names ((s, worker)), each of
+    ``gone`` ((after, w): w lost after ``after`` events) dropped at its place; X holds each
+    worker's x_i after the step."""
 
     workers: list[PairWorker]
     entries: list[dict]
     where: str
+    cuts: set[tuple[int, int]] = field(default_factory=set)
+    gone: list[tuple[int, int]] = field(default_factory=list)
     taken: int = 0
     computed: list[int] = field(default_factory=list)  # the gradient count each worker's g_i is of (−1: none)
 
@@ -108,6 +120,7 @@ class PairReplay(Schedule):
     def step(self, io: StepIO) -> Stepped:
         n = len(self.workers)
         for _ in range(n):
+            self._drop_gone(io)
             if self.taken == len(self.entries):
                 raise ConfigError(f"--replay {self.where}: the event log ends after event {self.taken}")
             entry = self.entries[self.taken]
@@ -120,13 +133,16 @@ class PairReplay(Schedule):
             if self.computed[i] != me.count:
                 me.compute()
                 self.computed[i] = me.count
-            theirs = None if j is None else self.workers[j].model.clone()
-            if j is not None:
+            s = entry["event"]
+            theirs = None if j is None or (s, i) in self.cuts else self.workers[j].model.clone()
+            if j is not None and (s, j) not in self.cuts:
                 average_(self.workers[j].model, me.model)
-                io.engine.comm.record(Transfer("gossip", row_bytes(io.X), "gossip", mixing=pair_mixing(n, i, j),
-                                               initiator=i))
+                if theirs is not None:
+                    io.engine.comm.record(Transfer("gossip", row_bytes(io.X), "gossip",
+                                                   mixing=pair_mixing(n, i, j), initiator=i))
             me.event(theirs)
             io.engine.comm.compute(np.array([i]), np.array([entry["k"]]))
+        self._drop_gone(io)
         for w, worker in enumerate(self.workers):
             io.X[w] = worker.model[0]
             io.G[w] = 0 if worker.gradient is None else worker.gradient[0]
@@ -134,3 +150,9 @@ class PairReplay(Schedule):
         step, ema = begin_step(self, io.engine, io.X, io.G, io.t, io.lr, io.grad_norm_sq_ema, io.measure,
                                average=False)
         return Stepped(losses, None, step, ema, {})
+
+    def _drop_gone(self, io: StepIO) -> None:
+        """The workers lost by now leave the metrics (the engine's ``alive``)."""
+        lost = {w for after, w in self.gone if after <= self.taken}
+        if lost:
+            io.engine.set_alive(np.array([w not in lost for w in range(len(self.workers))]))
