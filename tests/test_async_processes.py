@@ -245,3 +245,27 @@ def test_an_ad_psgd_worker_that_dies_is_dropped_and_the_replay_follows(processes
     replayed = read_summary(tmp_path / "replay")
     assert replayed["final_consensus_distance_sq"] == pytest.approx(summary["final_consensus_distance_sq"], rel=1e-12)
     assert replayed["test_accuracy"] == summary["test_accuracy"]
+
+
+@pytest.mark.lifecycle
+def test_sigterm_to_every_process_stops_the_server_after_a_step_with_a_checkpoint(tmp_path):
+    """What torchrun does on Ctrl-C or SIGTERM (it forwards the signal to every process): the server
+    finishes its step, checkpoints and says so in one line; its stop ends the workers, silently;
+    the checkpoint holds the rows up to that step and the log every event it applied."""
+    out = tmp_path / "run"
+    procs = spawn(4, ["-m", "gossamer", "train", "--quiet", "--out", str(out),
+                      *sets(PROCESSES + ["epochs=40", "server_rank=0"])], cwd=ROOT)
+    began = time.monotonic()
+    while not (out / "checkpoint.pt").is_file() and time.monotonic() - began < 90:
+        assert all(p.poll() is None for p in procs), [p.communicate() for p in procs]
+        time.sleep(0.05)
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    (code, _, err), *workers = finish(procs, 60)
+    assert workers == [(0, "", "")] * 3
+    step = load_checkpoint(out)["step"]
+    assert code == 128 + signal.SIGTERM and err == (f"gossamer: error: SIGTERM: stopped after step {step} with a "
+                                                    f"checkpoint; resume with: gossamer train --resume {out}\n")
+    _, events = events_of(out)
+    assert len(read_rows(out)) == step and len(events) >= load_checkpoint(out)["schedule"]["recorded"]
+    assert not (out / "summary.json").exists()
