@@ -186,6 +186,19 @@ def _exchange(messages, w: int, server: int) -> None:
                        f"stopping", [server]) from None
 
 
+def listen(arrivals: queue.Queue, w: int, inbox: torch.Tensor, src: int, tag: int = 0) -> None:
+    """A thread receives ``inbox`` from rank ``src`` on ``tag`` and queues (w, tag, None), or (w,
+    tag, the error) where the receive failed: gloo's receives complete only in ``wait``, so a
+    process that waits on several workers at once waits in a thread per receive."""
+    def receive():
+        try:
+            dist.recv(inbox, src=src, tag=tag)
+            arrivals.put((w, tag, None))
+        except RuntimeError as e:
+            arrivals.put((w, tag, e))
+    threading.Thread(target=receive, name=f"receive of worker {w}, tag {tag}", daemon=True).start()
+
+
 class Network:
     """The server's events from real processes (module docstring); ``log`` gets every event. A
     thread per computing worker waits for its push (gloo's receives complete only in ``wait``) and
@@ -210,14 +223,8 @@ class Network:
             self._listen(w)
 
     def _listen(self, w: int) -> None:
-        def receive():
-            try:
-                dist.recv(self.inbox[w], src=self.ranks[w])
-                self.arrivals.put((w, None))
-            except RuntimeError as e:
-                self.arrivals.put((w, e))
         self.listening.add(w)
-        threading.Thread(target=receive, name=f"push of worker {w}", daemon=True).start()
+        listen(self.arrivals, w, self.inbox[w], self.ranks[w])
 
     def next(self) -> Event:
         deadline = time.monotonic() + self.timeout
@@ -253,7 +260,7 @@ class Network:
     def _take(self, seconds: float) -> tuple[int, RuntimeError | None]:
         """The next worker whose push arrived or whose receive failed (its error), waiting at most
         ``seconds`` (queue.Empty after)."""
-        w, error = self.arrivals.get(timeout=max(seconds, 1e-6))
+        w, _, error = self.arrivals.get(timeout=max(seconds, 1e-6))
         self.listening.discard(w)
         if error is None:
             self.wire["wire_bytes_received"] += self.inbox[w].numel() * self.inbox[w].element_size()

@@ -50,7 +50,8 @@ import torch
 import torch.distributed as dist
 
 from .algorithms.pair_events import PairReplay, PairWorker, average_
-from .async_processes import LOG, LOG_FORMAT, gather_errors, log_lines, one_row_run, process_group, threads_of
+from .async_processes import (LOG, LOG_FORMAT, gather_errors, listen, log_lines, one_row_run, process_group,
+                              threads_of)
 from .data import load_dataset
 from .engines import SimEngine
 from .engines.dist import agree, first_line
@@ -168,39 +169,23 @@ class Coordinator:
         self.granted = self.pairs = 0  # events, and those with a pair average
         self.sent = 0  # bytes the coordinator sent
         self.arrivals: queue.Queue = queue.Queue()
+        self.requests = torch.empty(n, 3, dtype=torch.float64)  # each worker's last request (or done)
+        self.reports = torch.empty(n, 1, dtype=torch.float64)  # each passive thread's last cut report
         self.started = time.perf_counter()
         for w in range(n):
             self._listen(w)
-            self._listen_cuts(w)
+            listen(self.arrivals, w, self.reports[w], self.ranks[w], CUT)
 
     def _listen(self, w: int) -> None:
-        """A thread receives w's next request (or done)."""
-        def receive():
-            message = torch.empty(3, dtype=torch.float64)
-            try:
-                dist.recv(message, self.ranks[w], tag=REQUEST)
-                self.arrivals.put((w, REQUEST, message))
-            except RuntimeError as e:
-                self.arrivals.put((w, None, e))
-        threading.Thread(target=receive, name=f"requests of worker {w}", daemon=True).start()
-
-    def _listen_cuts(self, w: int) -> None:
-        """A thread receives every cut report of w's passive thread, up to its stop."""
-        def receive():
-            report = torch.empty(1, dtype=torch.float64)
-            try:
-                while report[0] != STOP:
-                    dist.recv(report, self.ranks[w], tag=CUT)
-                    self.arrivals.put((w, CUT, int(report[0])))
-            except RuntimeError as e:
-                self.arrivals.put((w, None, e))
-        threading.Thread(target=receive, name=f"cut reports of worker {w}", daemon=True).start()
+        """Await w's next request (or done)."""
+        listen(self.arrivals, w, self.requests[w], self.ranks[w], REQUEST)
 
     def run(self) -> None:
         """Grant until every worker is stopped or gone and no pair is open."""
         while len(self.stopped | self.gone) < len(self.ranks) or self.open:
-            w, tag, message = self._next()
-            if tag == REQUEST and message[0] == 1:  # done: the pair is released
+            w, tag, error = self._next()
+            message = self.requests[w]
+            if tag == REQUEST and error is None and message[0] == 1:  # done: the pair is released
                 s, j = self.open.pop(w)
                 self.busy[w] = False
                 if j is not None:
@@ -208,24 +193,26 @@ class Coordinator:
                 if message[1] == 1:
                     self._write({"cut": s, "worker": w})
                 self._listen(w)
-            elif tag == REQUEST:
+            elif tag == REQUEST and error is None:
                 self.waiting.append((w, None if message[1] < 0 else int(message[1]), int(message[2])))
             self._grant()
 
-    def _next(self) -> tuple[int, int | None, object]:
-        """The next arrival (worker, tag, payload): a cut report is logged, a lost worker dropped."""
+    def _next(self) -> tuple[int, int, RuntimeError | None]:
+        """The next arrival (worker, tag, the error of a failed receive): a lost worker is dropped, a
+        cut report logged (and the next awaited)."""
         try:
-            w, tag, payload = self.arrivals.get(timeout=self.timeout)
+            w, tag, error = self.arrivals.get(timeout=self.timeout)
         except queue.Empty:
             raise PeerLost(f"coordinator (rank {dist.get_rank()}): no worker spoke within "
                            f"dist_timeout={self.timeout:g} s; stopping", []) from None
-        if tag is None:
+        if error is not None:
             self._gone(w)
-        elif tag == CUT and payload == STOP:
+        elif tag == CUT and self.reports[w, 0] == STOP:
             self.ended.add(w)
         elif tag == CUT:
-            self._write({"cut": payload, "worker": w})
-        return w, tag, payload
+            self._write({"cut": int(self.reports[w, 0]), "worker": w})
+            listen(self.arrivals, w, self.reports[w], self.ranks[w], CUT)
+        return w, tag, error
 
     def _gone(self, w: int) -> None:
         """w's process is lost: dropped, its pair released, its requests forgotten."""
