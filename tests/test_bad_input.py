@@ -90,6 +90,15 @@ def test_a_yaml_alias_bomb_is_refused(tmp_path, capsys):
                    "phases")  # small lists still parse (and are then checked)
 
 
+def test_a_parsed_yaml_value_is_the_callers_to_change():
+    """Each text is parsed once per process (a cache): what one caller changes in its value, the
+    next caller of the same text does not see."""
+    first = config_yaml.parse_yaml("phases: [ring, {every: 2}]", "test")
+    first["phases"].append("changed")
+    first["phases"][1]["every"] = 3
+    assert config_yaml.parse_yaml("phases: [ring, {every: 2}]", "test") == {"phases": ["ring", {"every": 2}]}
+
+
 def test_a_config_too_large_without_aliases_names_the_size_limit(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(config_yaml, "MAX_YAML_NODES", 50)
     events = "".join(f"    - {{step: {k}, worker: 1, leave: true}}\n" for k in range(20))
